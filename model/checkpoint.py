@@ -1,0 +1,90 @@
+"""Checkpoint directories: config.json + model.safetensors + tokenizer.json (+ README.md model card).
+
+The same layout `transformers`' `save_pretrained` writes for GPT-2, so directories load both ways.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from model.config import ConfigError, GPTConfig
+from model.gpt import GPT
+from model.tokenizer import Tokenizer
+
+DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "shakespeare-small"
+CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
+# Keys some GPT-2 exports carry that hold no parameters of ours: causal-mask buffers and the tied head.
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "lm_head.weight")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory that is missing a file or does not fit its config."""
+
+
+def save_checkpoint(model: GPT, tokenizer: Tokenizer | None, directory: str | Path, card: str | None = None) -> Path:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.config.save(directory / CONFIG_FILE)
+    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save(directory / TOKENIZER_FILE)
+    if card is not None:
+        (directory / "README.md").write_text(card)
+    return directory
+
+
+def _require(directory: Path, name: str) -> Path:
+    path = directory / name
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {directory} is missing {name}")
+    return path
+
+
+def load_state_dict(directory: Path, config: GPTConfig) -> dict[str, torch.Tensor]:
+    raw = load_file(str(_require(directory, WEIGHTS_FILE)))
+    state = {}
+    for key, tensor in raw.items():
+        if key.endswith(_IGNORED_SUFFIXES):
+            continue
+        state[key if key.startswith("transformer.") else f"transformer.{key}"] = tensor
+    return state
+
+
+def load_model(
+    directory: str | Path | None = None,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> GPT:
+    directory = Path(directory or DEFAULT_CHECKPOINT)
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint directory {directory} does not exist")
+    try:
+        config = GPTConfig.load(_require(directory, CONFIG_FILE))
+    except ConfigError as e:
+        raise CheckpointError(f"{directory}: {e}") from e
+    model = GPT(config)
+    state = load_state_dict(directory, config)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{directory / WEIGHTS_FILE} does not match config.json: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    for key, tensor in state.items():
+        if tensor.shape != expected[key].shape:
+            raise CheckpointError(
+                f"shape mismatch for {key}: checkpoint has {tuple(tensor.shape)}, "
+                f"config.json implies {tuple(expected[key].shape)}"
+            )
+    model.load_state_dict(state)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def load_tokenizer(directory: str | Path | None = None) -> Tokenizer:
+    directory = Path(directory or DEFAULT_CHECKPOINT)
+    return Tokenizer.from_file(_require(directory, TOKENIZER_FILE))

@@ -1,0 +1,189 @@
+"""The GPT-2 network: pre-LayerNorm decoder blocks, learned positions, tied embeddings.
+
+Parameter names and layouts are Hugging Face GPT-2's (`transformer.h.0.attn.c_attn.weight`, linear
+weights stored (in, out) as in its Conv1D), so checkpoints map name for name. One `forward` serves
+training, uncached recompute, cached prefill and cached decode of ragged batches.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.config import GPTConfig
+from model.kv_cache import KVCache
+
+
+class Linear(nn.Module):
+    """y = x @ W + b with W stored (in, out): GPT-2's Conv1D layout, which `addmm` reads fast."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_in, n_out))
+        self.bias = nn.Parameter(torch.zeros(n_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight)  # (N, out)
+        return out.view(*x.shape[:-1], -1)
+
+
+@dataclass
+class AttentionBatch:
+    """What every layer needs to attend for one forward; built once per forward, shared by layers."""
+
+    mask: torch.Tensor | None  # (B, 1, T, K) bool, True = may attend; None = plain causal
+    cache: KVCache | None  # where keys/values live across steps; None = recompute
+    slots: torch.Tensor | slice | None  # (B,) cache slot per row (a slice reads without a gather)
+    write_pos: torch.Tensor | None  # (B, T) cache column each token writes (padding -> scratch)
+    kv_len: int  # cache columns attended over (K)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head = config.n_head
+        self.c_attn = Linear(config.n_embd, 3 * config.n_embd)  # fused q, k, v
+        self.c_proj = Linear(config.n_embd, config.n_embd)
+        self.dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, T, C = x.shape
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)  # (B, T, 3, nh, hs)
+        q, k, v = qkv.unbind(2)  # each (B, T, nh, hs)
+        return q.transpose(1, 2), k, v  # q: (B, nh, T, hs)
+
+    def forward(self, x: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x)  # q: (B, nh, T, hs); k, v: (B, T, nh, hs)
+        if batch.cache is None:
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hs)
+        else:
+            k, v = self._write_and_read_cache(k, v, batch)  # (B, nh, K, hs)
+        drop = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=batch.mask, dropout_p=drop, is_causal=batch.mask is None
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+    def _write_and_read_cache(self, k, v, batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        k_cache = batch.cache.k[self.layer_idx]  # (S, nh, max_len + 1, hs)
+        v_cache = batch.cache.v[self.layer_idx]
+        slots = batch.slots
+        rows = slots if isinstance(slots, torch.Tensor) else torch.arange(
+            slots.start, slots.stop, device=k.device
+        )
+        k_cache[rows[:, None], :, batch.write_pos] = k  # in place at each row's own positions
+        v_cache[rows[:, None], :, batch.write_pos] = v
+        return k_cache[slots, :, : batch.kv_len], v_cache[slots, :, : batch.kv_len]  # (B, nh, K, hs)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = Linear(4 * config.n_embd, config.n_embd)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), batch)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.n_positions, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
+                ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon),
+            )
+        )
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2: residual projections scaled by depth
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, Linear):
+            nn.init.zeros_(module.bias)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        *,
+        cache: KVCache | None = None,
+        slots: torch.Tensor | slice | None = None,
+        kv_len: int | None = None,
+        logits_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits for a batch of token ids.
+
+        input_ids: (B, T). positions: (B, T), each token's position in its own sequence, -1 for
+        padding; None means 0..T-1 for every row (training, plain causal). With `cache`, keys and
+        values are written to `slots` at `positions` and attention reads the first `kv_len`
+        columns of each slot (default: the whole cache). logits_index: (B,) index along T of
+        the one token per row whose logits are wanted; returns (B, V) then, else (B, T, V).
+        """
+        B, T = input_ids.shape
+        batch = self._attention_batch(input_ids, positions, cache, slots, kv_len)
+        pos = positions.clamp(min=0) if positions is not None else torch.arange(T, device=input_ids.device)
+        x = self.transformer.wte(input_ids) + self.transformer.wpe(pos)  # (B, T, C)
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block(x, batch)
+        if logits_index is not None:
+            x = x[torch.arange(B, device=x.device), logits_index]  # (B, C)
+        x = self.transformer.ln_f(x)
+        return F.linear(x, self.transformer.wte.weight)  # (B, [T,] V), tied head
+
+    def _attention_batch(self, input_ids, positions, cache, slots, kv_len) -> AttentionBatch:
+        B, T = input_ids.shape
+        if positions is None:
+            if cache is not None:
+                raise ValueError("a cached forward needs explicit positions")
+            if T > self.config.n_positions:
+                raise ValueError(f"sequence length {T} exceeds the context {self.config.n_positions}")
+            return AttentionBatch(mask=None, cache=None, slots=None, write_pos=None, kv_len=T)
+        if positions.shape != input_ids.shape:
+            raise ValueError(f"positions {tuple(positions.shape)} must match input_ids {tuple(input_ids.shape)}")
+        valid = positions >= 0  # (B, T)
+        if cache is None:
+            visible = positions[:, None, :] <= positions[:, :, None]  # (B, T_q, T_k)
+            mask = visible & valid[:, None, :] & valid[:, :, None]  # (B, T, T)
+            return AttentionBatch(mask=mask[:, None], cache=None, slots=None, write_pos=None, kv_len=T)
+        if slots is None:
+            slots = slice(0, B)
+        kv_len = cache.max_len if kv_len is None else kv_len
+        columns = torch.arange(kv_len, device=positions.device)  # (K,)
+        mask = columns[None, None, :] <= positions[:, :, None]  # (B, T, K); padding (-1) sees nothing
+        write_pos = torch.where(valid, positions, cache.scratch_column)  # (B, T)
+        return AttentionBatch(mask=mask[:, None], cache=cache, slots=slots, write_pos=write_pos, kv_len=kv_len)

@@ -1,0 +1,123 @@
+"""Byte-level BPE tokenizer (the `tokenizers` library) and incremental detokenization for streaming."""
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+EOS_TOKEN = "<|endoftext|>"
+
+
+class TokenizerError(ValueError):
+    """Text or token ids the tokenizer cannot handle."""
+
+
+@lru_cache(maxsize=1)
+def _unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's byte-to-printable-character table used by the ByteLevel pre-tokenizer."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1)
+    )
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+class Tokenizer:
+    """Wraps a `tokenizers.Tokenizer`; knows each token's exact bytes so streaming is lossless."""
+
+    def __init__(self, hf: HFTokenizer) -> None:
+        self.hf = hf
+        self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
+        eos = hf.token_to_id(EOS_TOKEN)
+        self.eos_token_id: int | None = eos
+        self.special_ids = frozenset(
+            i for i, t in hf.get_added_tokens_decoder().items() if t.special
+        )
+        self._token_bytes = [self._bytes_of(i) for i in range(self.vocab_size)]
+
+    def _bytes_of(self, token_id: int) -> bytes:
+        piece = self.hf.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if token_id in self.special_ids:
+            return piece.encode("utf-8")
+        table = _unicode_to_byte()
+        if all(ch in table for ch in piece):
+            return bytes(table[ch] for ch in piece)
+        return piece.encode("utf-8")  # an added, non-byte-level token
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Tokenizer":
+        return cls(HFTokenizer.from_file(str(path)))
+
+    def save(self, path: str | Path) -> None:
+        self.hf.save(str(path))
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        self.check_ids([token_id])
+        return self._token_bytes[token_id]
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        ids = list(ids)
+        self.check_ids(ids)
+        data = b"".join(
+            self._token_bytes[i] for i in ids if not (skip_special and i in self.special_ids)
+        )
+        return data.decode("utf-8", errors="replace")
+
+    def check_ids(self, ids: Iterable[int]) -> None:
+        for i in ids:
+            if not 0 <= i < self.vocab_size:
+                raise TokenizerError(f"token id {i} is out of range [0, {self.vocab_size})")
+
+    def stream(self, skip_special: bool = False) -> "StreamDecoder":
+        return StreamDecoder(self, skip_special)
+
+
+class StreamDecoder:
+    """Turns token ids into text one at a time; holds back an incomplete UTF-8 character until the
+    bytes that finish it arrive, so the pieces always concatenate to exactly `decode(ids)`."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special = skip_special
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        """Text newly completed by this token ('' while a character is still incomplete)."""
+        if self.skip_special and token_id in self.tokenizer.special_ids:
+            return ""
+        return self._utf8.decode(self.tokenizer.token_bytes(token_id))
+
+    def flush(self) -> str:
+        """Whatever is still held back at the end of the stream (replacement chars for a torn tail)."""
+        return self._utf8.decode(b"", final=True)
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
+    """Trains a byte-level BPE with GPT-2's pre-tokenization and `<|endoftext|>` as id 0."""
+    hf = HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    hf.train_from_iterator(texts, trainer=trainer)
+    return Tokenizer(hf)

@@ -1,0 +1,57 @@
+"""Shared fixtures: a tiny random model and tokenizer, and the committed default checkpoint."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.checkpoint import DEFAULT_CHECKPOINT, load_model, load_tokenizer, save_checkpoint
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.tokenizer import train_tokenizer
+
+TINY_TEXT = (
+    "To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer "
+    "the slings and arrows of outrageous fortune. 世界你好，莎士比亚。 Emoji 🤖🎭 and naïve café. "
+) * 20
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return train_tokenizer([TINY_TEXT], vocab_size=400)
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tiny_tokenizer) -> GPTConfig:
+    return GPTConfig(vocab_size=tiny_tokenizer.vocab_size, n_positions=128, n_embd=32, n_layer=2, n_head=4,
+                     eos_token_id=tiny_tokenizer.eos_token_id)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_config) -> GPT:
+    torch.manual_seed(0)
+    return GPT(tiny_config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, tiny_model, tiny_tokenizer) -> Path:
+    """A random tiny model saved as a full checkpoint directory."""
+    return save_checkpoint(tiny_model, tiny_tokenizer, tmp_path_factory.mktemp("tiny-ckpt"))
+
+
+@pytest.fixture(scope="session")
+def default_checkpoint() -> Path:
+    if not (DEFAULT_CHECKPOINT / "model.safetensors").exists():
+        pytest.fail(f"the default checkpoint is missing from {DEFAULT_CHECKPOINT}")
+    return DEFAULT_CHECKPOINT
+
+
+@pytest.fixture(scope="session")
+def default_model(default_checkpoint):
+    return load_model(default_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def default_tokenizer(default_checkpoint):
+    return load_tokenizer(default_checkpoint)
