@@ -39,6 +39,7 @@ class AttentionBatch:
     slots: torch.Tensor | slice | None  # (B,) cache slot per row (a slice reads without a gather)
     write_pos: torch.Tensor | None  # (B, T) cache column each token writes (padding -> scratch)
     kv_len: int  # cache columns attended over (K)
+    attention_out: list[torch.Tensor] | None = None  # when a list, each layer appends its weights (B, nh, T, K)
 
 
 class CausalSelfAttention(nn.Module):
@@ -64,12 +65,26 @@ class CausalSelfAttention(nn.Module):
             k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hs)
         else:
             k, v = self._write_and_read_cache(k, v, batch)  # (B, nh, K, hs)
-        drop = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=batch.mask, dropout_p=drop, is_causal=batch.mask is None
-        )  # (B, nh, T, hs)
+        if batch.attention_out is not None:
+            y = self._explicit_attention(q, k, v, batch)  # (B, nh, T, hs)
+        else:
+            drop = self.dropout if self.training else 0.0
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=batch.mask, dropout_p=drop, is_causal=batch.mask is None
+            )  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+    def _explicit_attention(self, q, k, v, batch: AttentionBatch) -> torch.Tensor:
+        """Softmax spelled out so the weights can be returned (the fused kernels do not expose them)."""
+        T, K = q.shape[-2], k.shape[-2]
+        mask = batch.mask
+        if mask is None:
+            mask = torch.ones(T, K, dtype=torch.bool, device=q.device).tril(K - T)  # (T, K) plain causal
+        scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, nh, T, K)
+        weights = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).nan_to_num(0.0)  # (B, nh, T, K)
+        batch.attention_out.append(weights)
+        return weights @ v  # (B, nh, T, hs)
 
     def _write_and_read_cache(self, k, v, batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
         k_cache = batch.cache.k[self.layer_idx]  # (S, nh, max_len + 1, hs)
@@ -144,6 +159,7 @@ class GPT(nn.Module):
         slots: torch.Tensor | slice | None = None,
         kv_len: int | None = None,
         logits_index: torch.Tensor | None = None,
+        attention_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Logits for a batch of token ids.
 
@@ -152,9 +168,12 @@ class GPT(nn.Module):
         values are written to `slots` at `positions` and attention reads the first `kv_len`
         columns of each slot (default: the whole cache). logits_index: (B,) index along T of
         the one token per row whose logits are wanted; returns (B, V) then, else (B, T, V).
+        attention_out: a list that receives each layer's attention weights (B, nh, T, K), computed
+        with an explicit softmax; leave None for the fast fused kernels.
         """
         B, T = input_ids.shape
         batch = self._attention_batch(input_ids, positions, cache, slots, kv_len)
+        batch.attention_out = attention_out
         pos = positions.clamp(min=0) if positions is not None else torch.arange(T, device=input_ids.device)
         x = self.transformer.wte(input_ids) + self.transformer.wpe(pos)  # (B, T, C)
         x = self.transformer.drop(x)

@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
                "val_loss": final["loss"], "val_bits_per_byte": final["bits_per_byte"], "val_tokens": final["tokens"],
                "train_files": [f.name for f in train_files], "val_files": [f.name for f in val_files],
                "train_tokens": len(train_data), "elapsed_s": round(elapsed, 1), "device": str(device),
-               "threads": torch.get_num_threads(), "history": history}
+               "threads": torch.get_num_threads(), "history": history,
+               "command_args": " ".join(argv if argv is not None else sys.argv[1:])}
     save_checkpoint(model, tokenizer, out)
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps({k: summary[k] for k in ("steps", "train_loss", "val_loss", "val_bits_per_byte", "elapsed_s")}))
