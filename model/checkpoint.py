@@ -82,7 +82,7 @@ def load_model(
                 f"config.json implies {tuple(expected[key].shape)}"
             )
     model.load_state_dict(state)
-    return model.to(device=device, dtype=dtype).eval()
+    return model.to(device=device, dtype=dtype).prepare_for_inference()
 
 
 def load_tokenizer(directory: str | Path | None = None) -> Tokenizer:

@@ -135,6 +135,9 @@ class GPT(nn.Module):
                 ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon),
             )
         )
+        # (C, V) contiguous copy of the tied embedding for inference: `x @ head_t` reads it about twice
+        # as fast as F.linear reads (V, C) on the CPU. Set by prepare_for_inference(), never saved.
+        self.register_buffer("head_t", None, persistent=False)
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2: residual projections scaled by depth
             if name.endswith("c_proj.weight"):
@@ -146,6 +149,12 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, Linear):
             nn.init.zeros_(module.bias)
+
+    def prepare_for_inference(self) -> "GPT":
+        """Eval mode plus the inference-only weight layouts; call again after changing the weights."""
+        self.eval()
+        self.head_t = self.transformer.wte.weight.detach().t().contiguous()  # (C, V)
+        return self
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -182,6 +191,8 @@ class GPT(nn.Module):
         if logits_index is not None:
             x = x[torch.arange(B, device=x.device), logits_index]  # (B, C)
         x = self.transformer.ln_f(x)
+        if self.head_t is not None and not self.training:
+            return x @ self.head_t  # (B, [T,] V)
         return F.linear(x, self.transformer.wte.weight)  # (B, [T,] V), tied head
 
     def _attention_batch(self, input_ids, positions, cache, slots, kv_len) -> AttentionBatch:
