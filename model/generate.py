@@ -92,8 +92,9 @@ def generate(model: GPT, tokenizer: Tokenizer, prompt: str | list[int], params: 
         eos = token_id == tokenizer.eos_token_id and not params.ignore_eos
         text = "" if eos else stops.push(stream.push(token_id))
         last = eos or stops.matched is not None or i == params.max_new_tokens - 1
-        if last and not eos and stops.matched is None:
-            text += stops.push(stream.flush()) + stops.flush()
+        if last and stops.matched is None:  # release what was held back for a character or a stop string
+            text += stops.push(stream.flush())
+            text += stops.flush()
         reason = "eos" if eos else "stop" if stops.matched is not None else "length" if last else None
         yield Step(token_id, text, float(logprob[0]), reason)
         if last:

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 import torch
 
 
+GREEDY_BELOW = 1e-5  # smaller temperatures overflow float32 logits; they mean greedy, as in vLLM
+
+
 class SamplingError(ValueError):
     """Sampling parameters out of range."""
 
@@ -14,7 +17,7 @@ class SamplingError(ValueError):
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 64
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # below GREEDY_BELOW (0 included) means greedy
     top_k: int = 0  # 0 means off
     top_p: float = 1.0  # 1 means off
     repetition_penalty: float = 1.0  # 1 means off (CTRL / Hugging Face semantics)
@@ -41,7 +44,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
     def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator | None:
         if self.greedy:
@@ -72,7 +75,8 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     drop = rank[None, :] >= k[:, None]  # (B, V)
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)  # (B, V)
     mass_before = probs.cumsum(dim=-1) - probs  # (B, V): probability of strictly better tokens
-    drop |= mass_before >= top_p[:, None]  # the best token always survives (mass_before = 0)
+    drop |= mass_before >= top_p[:, None]
+    drop[:, 0] = False  # the best token always survives, however small top_p is
     filtered = sorted_logits.masked_fill(drop, float("-inf"))  # (B, V)
     return torch.full_like(logits, float("-inf")).scatter(-1, order, filtered)
 

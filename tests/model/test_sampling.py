@@ -71,3 +71,11 @@ def test_generation_stops_at_a_stop_string_with_reason_stop(tiny_model, tiny_tok
     text = "".join(s.text for s in steps)
     assert steps[-1].finish_reason == "stop"
     assert text == full[: full.index(stop)]
+
+
+def test_vanishing_temperature_and_top_p_do_not_break_sampling():
+    logits = torch.tensor([[0.0, 3.0, 1.0]])
+    assert SamplingParams(temperature=1e-9).greedy
+    params = [SamplingParams(temperature=1.0, top_p=1e-45, seed=0)]
+    tokens, _ = sample(logits, params, [params[0].make_generator()])
+    assert tokens.tolist() == [1]

@@ -1,0 +1,25 @@
+# kvserve: the text-generation server. The checkpoint is not baked in: mount it at /checkpoints.
+#   docker build -t kvserve:cpu .                                           (CPU wheels, small image)
+#   docker build -t kvserve:gpu --build-arg TORCH_INDEX=https://pypi.org/simple .   (CUDA wheels)
+FROM python:3.11-slim
+
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /app
+
+# torch first, from the chosen index, so the project install never swaps in another build
+RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
+# README.md* : pyproject names it as the long description; the glob keeps the build working without it
+COPY pyproject.toml README.md* ./
+COPY model ./model
+COPY server ./server
+RUN pip install . && useradd --create-home kvserve
+USER kvserve
+
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
+  CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4).status != 200)"]
+ENTRYPOINT ["kvserve"]
+CMD ["--checkpoint", "/checkpoints/shakespeare-small", "--host", "0.0.0.0", "--port", "8000", "--device", "auto"]

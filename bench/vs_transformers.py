@@ -1,0 +1,123 @@
+"""Our generation vs Hugging Face `transformers` on the same checkpoint: `python -m bench.vs_transformers`.
+
+Greedy, same prompts, same number of new tokens (EOS suppressed on both sides: transformers with
+min_new_tokens = max_new_tokens, ours by masking the EOS logit), batch 1 and 8, runs in turns.
+Ours is the batched cached path (prefill + decode_one_token) and, when the checkpoint has a
+tokenizer, the serving engine driven in-process (scheduler, runner, sampling; no HTTP).
+"""
+from __future__ import annotations
+
+import queue
+from pathlib import Path
+
+import torch
+
+from bench.common import base_parser, interleaved_medians, machine_info, resolve, write_result
+from model.checkpoint import load_model, load_tokenizer
+from model.generate import decode_one_token, prefill
+from model.gpt import GPT
+from model.kv_cache import KVCache
+from model.sampling import SamplingParams
+
+
+@torch.inference_mode()
+def generate_ours(model: GPT, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Greedy for a batch of equal-length prompts (B, T). Returns (B, new_tokens)."""
+    B, T = prompts.shape
+    device, dtype = prompts.device, model.transformer.wte.weight.dtype
+    eos = model.config.eos_token_id
+    cache = KVCache(model.config, B, max_len=T + new_tokens, dtype=dtype, device=device)
+    slots = slice(0, B)
+    positions = torch.arange(T, device=device).expand(B, -1)  # (B, T)
+    logits = prefill(model, cache, prompts, positions, slots, torch.full((B,), T - 1, device=device))  # (B, V)
+    out = []
+    for i in range(new_tokens):
+        logits[:, eos] = float("-inf")  # the same as transformers' min_new_tokens
+        token = logits.argmax(dim=-1)  # (B,)
+        out.append(token)
+        if i < new_tokens - 1:
+            pos = torch.full((B,), T + i, device=device)  # (B,)
+            logits = decode_one_token(model, cache, token, pos, slots, kv_len=T + i + 1)
+    return torch.stack(out, dim=1)  # (B, new_tokens)
+
+
+@torch.inference_mode()
+def generate_transformers(hf_model, prompts: torch.Tensor, new_tokens: int, eos: int) -> torch.Tensor:
+    out = hf_model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                            min_new_tokens=new_tokens, do_sample=False, pad_token_id=eos, eos_token_id=eos)
+    return out[:, prompts.shape[1]:]  # (B, new_tokens)
+
+
+def generate_engine(engine, prompts: torch.Tensor, new_tokens: int) -> list[list[int]]:
+    """Every prompt submitted while the engine is paused, so all of them share its steps."""
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=True)
+    sinks = [queue.Queue() for _ in range(prompts.shape[0])]
+    with engine.paused():
+        for row, sink in zip(prompts.tolist(), sinks):
+            engine.submit(row, params, sink.put)
+    results = []
+    for sink in sinks:
+        outs = [sink.get(timeout=600)]
+        while not outs[-1].finished:
+            outs.append(sink.get(timeout=600))
+        results.append([o.token_id for o in outs if o.token_id is not None])
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers import GPT2LMHeadModel
+
+    ap = base_parser("python -m bench.vs_transformers", __doc__)
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--repeats", type=int, default=None, help="default 5 (1 with --quick)")
+    ap.add_argument("--no-engine", action="store_true", help="skip the in-process serving engine")
+    args = ap.parse_args(argv)
+    device, dtype = resolve(args)
+    model = load_model(args.checkpoint, device=device, dtype=dtype)
+    hf_model = GPT2LMHeadModel.from_pretrained(args.checkpoint, dtype=dtype).to(device).eval()
+    limit = model.config.n_positions
+    new_tokens = min(16 if args.quick else args.new_tokens, limit - args.prompt_tokens)
+    repeats = args.repeats or (1 if args.quick else 5)
+    engine = None
+    if not args.no_engine and (Path(args.checkpoint) / "tokenizer.json").is_file():
+        from server.engine import Engine
+
+        engine = Engine(model, load_tokenizer(args.checkpoint), max_batch=max(int(b) for b in args.batches.split(",")))
+        engine.start()
+    rows = []
+    try:
+        for batch in (int(b) for b in args.batches.split(",")):
+            gen = torch.Generator().manual_seed(batch)
+            prompts = torch.randint(0, model.config.vocab_size, (batch, args.prompt_tokens), generator=gen).to(device)
+            eos = model.config.eos_token_id
+            fns = {"ours": lambda: generate_ours(model, prompts, new_tokens),
+                   "transformers": lambda: generate_transformers(hf_model, prompts, new_tokens, eos)}
+            if engine is not None:
+                fns["engine"] = lambda: generate_engine(engine, prompts, new_tokens)
+            ours_ids = generate_ours(model, prompts, new_tokens)
+            same = (ours_ids == generate_transformers(hf_model, prompts, new_tokens, eos)).float().mean().item()
+            times = interleaved_medians(fns, device, repeats, warmup=1)
+            tps = {name: batch * new_tokens / t["median_s"] for name, t in times.items()}
+            row = {"batch": batch, "prompt_tokens": args.prompt_tokens, "new_tokens": new_tokens,
+                   "tokens_per_s": tps, "ours_over_transformers": tps["ours"] / tps["transformers"],
+                   "same_token_fraction_vs_transformers": same, "samples_s": times}
+            if engine is not None:
+                row["engine_over_transformers"] = tps["engine"] / tps["transformers"]
+            rows.append(row)
+            print(f"batch {batch}: " + ", ".join(f"{n} {v:.0f} tok/s" for n, v in tps.items())
+                  + f"; ours/transformers {row['ours_over_transformers']:.2f}x; same tokens {same:.0%}")
+    finally:
+        if engine is not None:
+            engine.shutdown()
+    import transformers
+
+    result = {"benchmark": "vs_transformers", "machine": machine_info(device, dtype), "checkpoint": args.checkpoint,
+              "transformers": transformers.__version__, "quick": args.quick, "repeats": repeats, "runs": rows}
+    write_result("vs_transformers", result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

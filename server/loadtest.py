@@ -1,0 +1,410 @@
+"""Load-test client for the streaming endpoint: `python -m server.loadtest --url URL [options]`.
+
+Sends `POST {url}/generate_stream` requests, timestamps every streamed token on arrival, and
+reports per run (a concurrency level or a request rate, with the KV cache on or off):
+
+- requests ok / failed: a request is ok when its stream ends with a final event and no error.
+- TTFT (time to first token): from sending the request to receiving its first token.
+- TPOT (time per output token) = (e2e − TTFT) / (tokens − 1), one value per request with at
+  least two tokens; the mean over a request's decode steps, so every request weighs the same.
+- ITL (inter-token latency): every gap between two consecutive streamed tokens of a request,
+  pooled over all requests; long requests contribute more gaps, and stalls show in p99.
+- E2E (end-to-end latency): from sending the request to receiving its final event.
+- output tokens/s: tokens streamed by ok requests / the run's wall time (first send to last end).
+- requests/s: ok requests / the run's wall time.
+- Each latency is reported as mean / p50 / p90 / p99 (percentiles by linear interpolation
+  between closest ranks, as numpy's default), over ok requests only.
+- cache ratio (`--compare-cache`): the same workload against the same server with
+  `use_cache` on, then off; each metric's ratio is cache-on / cache-off, so a ratio above 1 is
+  a gain for throughput and a ratio below 1 is a gain for latency.
+- ITL by token index: the mean gap before output token i+1, over the requests that reached it;
+  uncached, every step recomputes the whole sequence so this grows with i; cached, it stays flat.
+
+Closed loop (`--concurrency 1,4,16`): N clients, each sending its next request when its last one
+ends. Open loop (`--request-rate R`): Poisson arrivals at R requests/s whatever the server does.
+Every run stops issuing at `--num-requests` or `--duration`, whichever comes first, and
+cancels what is still in flight at duration + `--request-timeout`; `--timeout` bounds the whole
+tool. Only the address given by `--url` is contacted; proxy environment variables are ignored.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import httpx
+
+from model.data import DEFAULT_DATA_DIR
+from server.loadtest_report import RequestRecord, cache_ratio, summarize
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+WORDS_PER_TOKEN = 0.75  # rule of thumb for English BPE, used only when no tokenizer is given
+BUILTIN_PASSAGE = (
+    "Now is the winter of our discontent made glorious summer by this sun of York; and all the clouds "
+    "that lour'd upon our house in the deep bosom of the ocean buried. Now are our brows bound with "
+    "victorious wreaths; our bruised arms hung up for monuments; our stern alarums changed to merry "
+    "meetings, our dreadful marches to delightful measures. "
+)
+
+
+# ---------------------------------------------------------------- prompts
+
+def default_corpus() -> list[str]:
+    """The Shakespeare files under data/shakespeare/ if present, else a built-in passage."""
+    files = sorted(DEFAULT_DATA_DIR.glob("*.txt")) if DEFAULT_DATA_DIR.is_dir() else []
+    return [f.read_text(encoding="utf-8", errors="replace") for f in files] or [BUILTIN_PASSAGE]
+
+
+def build_prompts(texts: list[str], count: int, prompt_tokens: int, tokenizer=None, seed: int = 0) -> list[str]:
+    """`count` prompts cut from random line starts in `texts`: exactly `prompt_tokens` tokens with a
+    tokenizer (model.tokenizer.Tokenizer), else about prompt_tokens * WORDS_PER_TOKEN words."""
+    rng = random.Random(seed)
+    window = prompt_tokens * 8 + 64  # characters: more than enough for prompt_tokens tokens
+    prompts = []
+    for _ in range(count):
+        text = rng.choice(texts)
+        text = text * math.ceil(2 * window / len(text)) if len(text) < 2 * window else text
+        start = rng.randrange(len(text) - window)
+        start = text.find("\n", start, start + window // 2) + 1 or start
+        chunk = text[start:start + window]
+        if tokenizer is None:
+            prompts.append(" ".join(chunk.split()[:max(1, round(prompt_tokens * WORDS_PER_TOKEN))]))
+            continue
+        ids = tokenizer.encode(chunk)[:prompt_tokens]
+        while len(tokenizer.encode(tokenizer.decode(ids))) > prompt_tokens:  # re-encoding can merge differently
+            ids = ids[:-1]
+        prompts.append(tokenizer.decode(ids))
+    return prompts
+
+
+def read_prompts_file(path: str | Path) -> list[str]:
+    """A JSON list of strings, or one prompt per non-empty line."""
+    text = Path(path).read_text(encoding="utf-8")
+    if str(path).endswith(".json"):
+        return [str(p) for p in json.loads(text)]
+    return [line for line in text.splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------- the HTTP client
+
+@dataclass(frozen=True)
+class RequestParams:
+    max_new_tokens: int = 128
+    use_cache: bool = True
+    ignore_eos: bool = True  # ask for exactly max_new_tokens; dropped if the server rejects it
+    temperature: float = 0.0  # 0 = greedy
+
+    def body(self, prompt: str) -> dict:
+        parameters = {"max_new_tokens": self.max_new_tokens, "use_cache": self.use_cache, "details": True}
+        if self.ignore_eos:
+            parameters["ignore_eos"] = True
+        if self.temperature > 0:
+            parameters.update(do_sample=True, temperature=self.temperature)
+        else:
+            parameters["do_sample"] = False
+        return {"inputs": prompt, "parameters": parameters}
+
+
+def _error_from_body(record: RequestRecord, status: int, raw: bytes) -> None:
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        payload = {"error": raw.decode("utf-8", errors="replace")[:500]}
+    if not isinstance(payload, dict):
+        payload = {"error": str(payload)}
+    record.error = str(payload.get("error") or payload.get("detail") or payload)[:500]
+    record.error_type = payload.get("error_type") or f"http_{status}"
+
+
+async def stream_one(client: httpx.AsyncClient, url: str, prompt: str, params: RequestParams,
+                     record: RequestRecord) -> RequestRecord:
+    """Sends one request and fills `record` as events arrive (so a cancelled request keeps its partial record)."""
+    seen_indices: set[int] = set()
+    try:
+        async with client.stream("POST", f"{url}/generate_stream", json=params.body(prompt)) as response:
+            record.status = response.status_code
+            if response.status_code != 200:
+                _error_from_body(record, response.status_code, await response.aread())
+                return record
+            async for line in response.aiter_lines():
+                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                    continue
+                now = time.perf_counter()
+                event = json.loads(line[5:])
+                if event.get("error") is not None:
+                    record.error, record.error_type = str(event["error"]), event.get("error_type") or "stream_error"
+                    return record
+                index = event.get("index")
+                if event.get("token") is not None and index not in seen_indices:
+                    record.token_times.append(now)
+                    if index is not None:
+                        seen_indices.add(index)
+                if event.get("generated_text") is not None or event.get("details") is not None:
+                    details = event.get("details") or {}
+                    record.end, record.ok = now, True
+                    record.finish_reason = details.get("finish_reason")
+                    record.server_generated_tokens = details.get("generated_tokens")
+                    return record
+        record.error, record.error_type = "the stream ended without a final event", "truncated_stream"
+    except httpx.HTTPError as e:
+        record.error, record.error_type = f"{type(e).__name__}: {e}"[:500], type(e).__name__
+    except ValueError as e:
+        record.error, record.error_type = f"unparseable event: {e}"[:500], "bad_event"
+    return record
+
+
+def make_client(request_timeout: float) -> httpx.AsyncClient:
+    return httpx.AsyncClient(timeout=httpx.Timeout(request_timeout, connect=10.0), trust_env=False,
+                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+
+
+# ---------------------------------------------------------------- one run: closed or open loop
+
+@dataclass(frozen=True)
+class Workload:
+    concurrency: int | None = None  # closed loop: this many clients
+    request_rate: float | None = None  # open loop: Poisson arrivals per second
+    num_requests: int = 32
+    duration_s: float = 60.0
+    request_timeout_s: float = 120.0
+    seed: int = 0
+
+
+async def run_workload(url: str, prompts: list[str], params: RequestParams, workload: Workload,
+                       on_done: Callable[[RequestRecord], None] | None = None,
+                       deadline: float | None = None) -> tuple[list[RequestRecord], float]:
+    """Runs one closed- or open-loop run. Returns every issued request's record and the wall time."""
+    records: list[RequestRecord] = []
+    begin = time.perf_counter()
+    stop_issuing = begin + workload.duration_s
+    hard_stop = min(stop_issuing + workload.request_timeout_s, deadline or math.inf)
+
+    async def send(i: int) -> None:
+        record = RequestRecord(start=time.perf_counter())
+        records.append(record)
+        await stream_one(client, url, prompts[i % len(prompts)], params, record)
+        if on_done:
+            on_done(record)
+
+    async def closed_loop_client() -> None:
+        nonlocal issued
+        while issued < workload.num_requests and time.perf_counter() < stop_issuing:
+            issued += 1
+            await send(issued - 1)
+
+    async def open_loop_arrivals() -> None:
+        rng, arrival, tasks = random.Random(workload.seed), begin, []
+        for i in range(workload.num_requests):
+            arrival += rng.expovariate(workload.request_rate)
+            if arrival >= stop_issuing:
+                break
+            await asyncio.sleep(max(0.0, arrival - time.perf_counter()))
+            tasks.append(asyncio.create_task(send(i)))
+        await asyncio.gather(*tasks)
+
+    issued = 0
+    async with make_client(workload.request_timeout_s) as client:
+        if workload.request_rate is not None:
+            tasks = [asyncio.create_task(open_loop_arrivals())]
+        else:
+            tasks = [asyncio.create_task(closed_loop_client()) for _ in range(workload.concurrency)]
+        _, pending = await asyncio.wait(tasks, timeout=max(0.0, hard_stop - time.perf_counter()))
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    for record in records:
+        if record.end is None and record.error is None:
+            record.error, record.error_type = "cancelled at the run's time limit", "timeout"
+    ends = [r.end if r.end is not None else time.perf_counter() for r in records]
+    return records, (max(ends) - begin) if ends else 0.0
+
+
+async def probe(url: str, prompt: str, params: RequestParams, timeout_s: float) -> tuple[RequestParams, dict]:
+    """One short request first (it also warms the server). Drops ignore_eos if the server answers 422."""
+    notes: dict = {"ignore_eos_supported": params.ignore_eos}
+
+    async def short_request(p: RequestParams) -> RequestRecord:
+        short = replace(p, max_new_tokens=min(2, p.max_new_tokens))
+        return await stream_one(client, url, prompt, short, RequestRecord(start=time.perf_counter()))
+
+    async with make_client(timeout_s) as client:
+        record = await short_request(params)
+        if not record.ok and record.status == 422 and params.ignore_eos:
+            notes.update(ignore_eos_supported=False, ignore_eos_rejected_with=record.error)
+            params = replace(params, ignore_eos=False)
+            record = await short_request(params)
+    if not record.ok:
+        raise ConnectionError(f"probe request to {url}/generate_stream failed: {record.error_type}: {record.error}")
+    return params, notes
+
+
+# ---------------------------------------------------------------- a whole load test
+
+@dataclass(frozen=True)
+class LoadTestConfig:
+    url: str = DEFAULT_URL
+    concurrency: tuple[int, ...] = (1,)  # closed-loop levels
+    request_rates: tuple[float, ...] = ()  # open-loop rates; when given, used instead of concurrency
+    cache_modes: tuple[bool, ...] = (True,)  # (True, False) compares cache on and off
+    num_requests: int = 32  # per run
+    duration_s: float = 60.0  # per run: no new request after this
+    request_timeout_s: float = 120.0
+    timeout_s: float = 1800.0  # the whole load test
+    max_new_tokens: int = 128
+    ignore_eos: bool = True
+    temperature: float = 0.0
+    seed: int = 0
+
+
+def run_labels(config: LoadTestConfig) -> list[dict]:
+    """The runs in order: each level with every cache mode side by side."""
+    levels = [{"concurrency": None, "request_rate": r} for r in config.request_rates] or [
+        {"concurrency": c, "request_rate": None} for c in config.concurrency]
+    return [{**level, "use_cache": use_cache,
+             "label": (f"c={level['concurrency']}" if level["concurrency"] else f"rate={level['request_rate']:g}/s")
+             + f" cache {'on' if use_cache else 'off'}"} for level in levels for use_cache in config.cache_modes]
+
+
+async def run_load_test(config: LoadTestConfig, prompts: list[str],
+                        on_run_start: Callable[[str, int], None] | None = None,
+                        on_done: Callable[[RequestRecord], None] | None = None) -> dict:
+    """Probes the server, then runs every level and cache mode. Returns the JSON-ready report."""
+    deadline = time.perf_counter() + config.timeout_s
+    params = RequestParams(max_new_tokens=config.max_new_tokens, use_cache=config.cache_modes[0],
+                           ignore_eos=config.ignore_eos, temperature=config.temperature)
+    params, server_notes = await probe(config.url, prompts[0], params, config.request_timeout_s)
+    for use_cache in config.cache_modes[1:]:
+        await probe(config.url, prompts[0], replace(params, use_cache=use_cache), config.request_timeout_s)
+    runs, skipped = [], []
+    for labels in run_labels(config):
+        if time.perf_counter() >= deadline:
+            skipped.append(labels["label"])
+            continue
+        workload = Workload(concurrency=labels["concurrency"], request_rate=labels["request_rate"],
+                            num_requests=config.num_requests, duration_s=config.duration_s,
+                            request_timeout_s=config.request_timeout_s, seed=config.seed)
+        if on_run_start:
+            on_run_start(labels["label"], config.num_requests)
+        records, wall_s = await run_workload(config.url, prompts, replace(params, use_cache=labels["use_cache"]),
+                                             workload, on_done, deadline)
+        runs.append(summarize(records, wall_s, **labels))
+    ratios = []
+    for on in (r for r in runs if r["use_cache"]):
+        off = next((r for r in runs if not r["use_cache"] and r["concurrency"] == on["concurrency"]
+                    and r["request_rate"] == on["request_rate"]), None)
+        if off is not None:
+            ratios.append({"concurrency": on["concurrency"], "request_rate": on["request_rate"],
+                           "cache_on_over_off": cache_ratio(on, off)})
+    return {"config": asdict(config), "server": server_notes, "runs": runs, "cache_ratios": ratios,
+            "skipped_runs_at_timeout": skipped}
+
+
+def load_prompts(count: int, prompt_tokens: int, prompts_file: str | None, tokenizer_dir: str | None,
+                 seed: int = 0) -> tuple[list[str], dict]:
+    """Prompts and a note on where they came from (and their token counts, when a tokenizer is known)."""
+    from model.checkpoint import DEFAULT_CHECKPOINT, load_tokenizer
+
+    tokenizer_path = Path(tokenizer_dir) if tokenizer_dir else DEFAULT_CHECKPOINT
+    tokenizer = load_tokenizer(tokenizer_path) if (tokenizer_path / "tokenizer.json").is_file() else None
+    if prompts_file:
+        prompts, source = read_prompts_file(prompts_file), str(prompts_file)
+    else:
+        texts = default_corpus()
+        prompts = build_prompts(texts, count, prompt_tokens, tokenizer, seed)
+        source = "built-in passage" if texts == [BUILTIN_PASSAGE] else str(DEFAULT_DATA_DIR)
+    note = {"source": source, "count": len(prompts), "tokenizer": str(tokenizer_path) if tokenizer else None}
+    if tokenizer is not None:
+        lengths = [len(tokenizer.encode(p)) for p in prompts]
+        note.update(tokens_min=min(lengths), tokens_max=max(lengths), tokens_mean=sum(lengths) / len(lengths))
+    else:
+        note["approximate_tokens"] = prompt_tokens
+    return prompts, note
+
+
+# ---------------------------------------------------------------- command line
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m server.loadtest", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default=DEFAULT_URL, help="the server to test (nothing else is contacted)")
+    ap.add_argument("--concurrency", default="1", help="closed-loop levels, comma-separated, e.g. 1,4,16,32")
+    ap.add_argument("--request-rate", default=None, help="open loop: Poisson arrivals per second (comma list ok)")
+    ap.add_argument("--num-requests", type=int, default=32, help="per run")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds per run before no new request is sent")
+    ap.add_argument("--request-timeout", type=float, default=120.0, help="seconds for one request")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds for the whole load test")
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--prompts-file", default=None, help="JSON list of strings, or one prompt per line (used as is)")
+    ap.add_argument("--tokenizer", default=None,
+                    help="checkpoint dir whose tokenizer.json cuts prompts to exact token counts "
+                         "(default: the default checkpoint's if present, else approximate by words)")
+    ap.add_argument("--num-prompts", type=int, default=64, help="distinct prompts cut from the corpus")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ap.add_argument("--no-ignore-eos", action="store_true", help="let requests end at EOS")
+    cache = ap.add_mutually_exclusive_group()
+    cache.add_argument("--compare-cache", action="store_true", help="run every level with use_cache on and off")
+    cache.add_argument("--no-cache", action="store_true", help="send use_cache=false")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json-out", default=None)
+    ap.add_argument("--plot-dir", default=None)
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    return ap.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
+    return LoadTestConfig(
+        url=args.url.rstrip("/"),
+        concurrency=tuple(int(c) for c in args.concurrency.split(",")),
+        request_rates=tuple(float(r) for r in args.request_rate.split(",")) if args.request_rate else (),
+        cache_modes=(True, False) if args.compare_cache else (not args.no_cache,),
+        num_requests=args.num_requests, duration_s=args.duration, request_timeout_s=args.request_timeout,
+        timeout_s=args.timeout, max_new_tokens=args.max_new_tokens, ignore_eos=not args.no_ignore_eos,
+        temperature=args.temperature, seed=args.seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    from server.loadtest_report import progress_bar, render_tables, write_plots
+
+    args = parse_args(argv)
+    config = config_from_args(args)
+    if min(config.concurrency) < 1 or any(r <= 0 for r in config.request_rates) or config.num_requests < 1:
+        print("error: concurrency, request rate and --num-requests must be positive", file=sys.stderr)
+        return 2
+    console = Console(stderr=True)
+    prompts, prompt_note = load_prompts(args.num_prompts, args.prompt_tokens, args.prompts_file, args.tokenizer,
+                                        args.seed)
+    try:
+        with progress_bar(console, disabled=args.quiet) as (on_run_start, on_done):
+            report = asyncio.run(asyncio.wait_for(run_load_test(config, prompts, on_run_start, on_done),
+                                                  config.timeout_s + 30))
+    except (ConnectionError, asyncio.TimeoutError) as e:
+        print(f"error: {e or 'the load test ran past --timeout'}", file=sys.stderr)
+        return 2
+    report["prompts"] = prompt_note
+    for table in render_tables(report):
+        Console().print(table)
+    if not report["server"]["ignore_eos_supported"]:
+        console.print("[yellow]the server rejected ignore_eos: requests may end early at EOS; "
+                      "token counts above are the actual ones[/yellow]")
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {args.json_out}")
+    if args.plot_dir:
+        for path in write_plots(report, args.plot_dir):
+            console.print(f"wrote {path}")
+    return 0 if any(r["requests_ok"] for r in report["runs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

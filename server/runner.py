@@ -1,0 +1,93 @@
+"""Executes one scheduled step: batched forwards for prefill chunks, cached decode and uncached
+recompute, then one sampled token per request that has reached the end of its prompt."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from model.generate import decode_one_token, prefill
+from model.gpt import GPT
+from model.kv_cache import KVCache
+from model.sampling import sample
+from server.scheduler import PrefillChunk, SchedulerOutput
+from server.sequence import Sequence
+
+
+@dataclass
+class Sampled:
+    seq: Sequence  # the request this token belongs to
+    token_id: int  # the token sampled for it
+    logprob: float  # its log-probability under the model's unmodified distribution
+
+
+class ModelRunner:
+    """Owns no request state: reads the scheduled sequences, never changes them (the engine's update
+    step does), so a step that fails can be rerun request by request."""
+
+    def __init__(self, model: GPT, cache: KVCache) -> None:
+        self.model, self.cache = model, cache
+        self.device = next(model.parameters()).device
+        self._no_history = torch.empty(0, dtype=torch.long, device=self.device)
+
+    @torch.inference_mode()
+    def execute(self, batch: SchedulerOutput) -> list[Sampled]:
+        seqs: list[Sequence] = []
+        logits: list[torch.Tensor] = []
+        if batch.prefill:
+            done = [i for i, c in enumerate(batch.prefill) if c.end == len(c.seq.prompt_ids)]
+            chunk_logits = self._prefill(batch.prefill)  # (b, V)
+            if done:
+                logits.append(chunk_logits[torch.tensor(done, device=self.device)])  # (d, V)
+                seqs += [batch.prefill[i].seq for i in done]
+        if batch.decode:
+            logits.append(self._decode(batch.decode))  # (b, V)
+            seqs += batch.decode
+        if batch.recompute:
+            logits.append(self._recompute(batch.recompute))  # (b, V)
+            seqs += batch.recompute
+        if not seqs:
+            return []
+        tokens, logprobs = sample(torch.cat(logits), [s.params for s in seqs], [s.generator for s in seqs],
+                                  [self._history(s) for s in seqs])  # (N,), (N,)
+        return [Sampled(s, t, lp) for s, t, lp in zip(seqs, tokens.tolist(), logprobs.tolist())]
+
+    def _prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor:
+        """Ragged prompt chunks, right-padded with position -1. Returns each row's last logits (B, V)."""
+        B, T = len(chunks), max(c.end - c.start for c in chunks)
+        ids = torch.zeros((B, T), dtype=torch.long)  # (B, T)
+        positions = torch.full((B, T), -1, dtype=torch.long)  # (B, T), -1 = padding
+        for i, c in enumerate(chunks):
+            n = c.end - c.start
+            ids[i, :n] = torch.tensor(c.seq.prompt_ids[c.start:c.end])
+            positions[i, :n] = torch.arange(c.start, c.end)
+        last = torch.tensor([c.end - c.start - 1 for c in chunks])  # (B,)
+        slots = torch.tensor([c.seq.slot for c in chunks])  # (B,)
+        kv_len = max(c.end for c in chunks)  # attend only over columns some row has written
+        return prefill(self.model, self.cache, ids.to(self.device), positions.to(self.device),
+                       slots.to(self.device), last.to(self.device), kv_len=kv_len)  # (B, V)
+
+    def _decode(self, seqs: list[Sequence]) -> torch.Tensor:
+        tokens = torch.tensor([s.output_ids[-1] for s in seqs])  # (B,)
+        positions = torch.tensor([len(s.prompt_ids) + len(s.output_ids) - 1 for s in seqs])  # (B,)
+        slots = torch.tensor([s.slot for s in seqs])  # (B,)
+        kv_len = int(positions.max()) + 1
+        return decode_one_token(self.model, self.cache, tokens.to(self.device), positions.to(self.device),
+                                slots.to(self.device), kv_len=kv_len)  # (B, V)
+
+    def _recompute(self, seqs: list[Sequence]) -> torch.Tensor:
+        """The whole sequence of every row again through the uncached ragged path (no KV cache)."""
+        rows = [s.all_ids for s in seqs]
+        B, T = len(rows), max(len(r) for r in rows)
+        ids = torch.zeros((B, T), dtype=torch.long)  # (B, T)
+        positions = torch.full((B, T), -1, dtype=torch.long)  # (B, T), -1 = padding
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r)
+            positions[i, : len(r)] = torch.arange(len(r))
+        last = torch.tensor([len(r) - 1 for r in rows])  # (B,)
+        return self.model(ids.to(self.device), positions.to(self.device), logits_index=last.to(self.device))  # (B, V)
+
+    def _history(self, seq: Sequence) -> torch.Tensor:
+        if seq.params.repetition_penalty == 1.0:
+            return self._no_history
+        return torch.tensor(seq.all_ids, device=self.device)  # (n,)

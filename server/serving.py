@@ -1,0 +1,280 @@
+"""What the routes do: turn TGI / OpenAI requests into engine requests, consume the engine's async
+stream (cancelling it when the client goes away), and shape JSON answers and Server-Sent Events."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
+
+from model.generate import PromptError
+from model.sampling import SamplingError, SamplingParams
+from server.attention_view import attention_of_generation
+from server.engine import Engine, EngineStoppedError, QueueFullError
+from server.metrics import Metrics
+from server.protocol import (AttentionWeights, CompletionChoice, CompletionLogprobs, CompletionRequest,
+                             CompletionResponse, Details, ErrorResponse, GenerateParameters, GenerateRequest,
+                             GenerateResponse, StreamDetails, StreamResponse, Token, Usage)
+from server.sequence import FINISH_ABORT, FINISH_EOS, FINISH_ERROR, FINISH_STOP, TokenOutput
+
+log = logging.getLogger("kvserve.serving")
+DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default, cut to what the context leaves
+SAMPLING_EPS = 1e-5
+LONG_TEXT = 16_384  # characters: longer prompts are tokenized off the event loop
+TGI_FINISH = {"length": "length", FINISH_EOS: "eos_token", FINISH_STOP: "stop_sequence"}
+OPENAI_FINISH = {"length": "length", FINISH_EOS: "stop", FINISH_STOP: "stop"}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class APIError(Exception):
+    """An answer other than 200, in TGI's shape: {"error": ..., "error_type": ...}."""
+
+    def __init__(self, status: int, message: str, error_type: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.error_type, self.headers = status, message, error_type, headers
+
+    def response(self) -> JSONResponse:
+        body = ErrorResponse(error=self.message, error_type=self.error_type).model_dump()
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def _params(**kw) -> SamplingParams:
+    """Also folds values too small for float32 sampling into their limit, as vLLM does: a temperature
+    below SAMPLING_EPS is greedy, a top_p below it keeps the best token only (both unchanged in meaning)."""
+    if 0 < kw["temperature"] < SAMPLING_EPS:
+        kw["temperature"] = 0.0
+    kw["top_p"] = max(kw["top_p"], SAMPLING_EPS)
+    try:
+        return SamplingParams(**kw)
+    except SamplingError as e:
+        raise APIError(422, str(e), "validation") from e
+
+
+def _seed_for(sampling: bool, seed: int | None) -> int | None:
+    """A sampled request without a seed gets a random one, reported back so it can be replayed."""
+    return seed if seed is not None or not sampling else random.getrandbits(63)
+
+
+def tgi_sampling_params(p: GenerateParameters, prompt_len: int, context: int) -> SamplingParams:
+    """TGI's rule: sampling happens when do_sample is true, or when temperature (!= 1), top_k or
+    top_p (< 1) is given; otherwise decoding is greedy and those fields are ignored. A missing
+    max_new_tokens is min(100, context - prompt length)."""
+    sampling = p.do_sample or p.temperature not in (None, 1.0) or p.top_k is not None or p.top_p not in (None, 1.0)
+    max_new = p.max_new_tokens or max(1, min(DEFAULT_MAX_NEW_TOKENS, context - prompt_len))
+    return _params(max_new_tokens=max_new, temperature=(p.temperature or 1.0) if sampling else 0.0,
+                   top_k=(p.top_k or 0) if sampling else 0, top_p=(p.top_p or 1.0) if sampling else 1.0,
+                   repetition_penalty=p.repetition_penalty or 1.0, seed=_seed_for(sampling, p.seed),
+                   stop=tuple(p.stop), ignore_eos=p.ignore_eos)
+
+
+def openai_sampling_params(r: CompletionRequest) -> SamplingParams:
+    """OpenAI's rule: temperature defaults to 1 (sampling); temperature 0 is greedy."""
+    temperature = 1.0 if r.temperature is None else r.temperature
+    return _params(max_new_tokens=r.max_tokens or 16, temperature=temperature, top_k=r.top_k or 0,
+                   top_p=r.top_p or 1.0, repetition_penalty=r.repetition_penalty or 1.0,
+                   seed=_seed_for(temperature > 0, r.seed), stop=tuple(r.stop_list),
+                   ignore_eos=r.ignore_eos)
+
+
+class Generation:
+    """One engine request owned by a handler: submitted at construction (so a refusal is an HTTP
+    status, not a broken stream), consumed by `events`, cancelled when the client disconnects."""
+
+    def __init__(self, engine: Engine, metrics: Metrics, prompt_ids: list[int], params: SamplingParams,
+                 use_cache: bool, *, max_tokens_field: str = "max_new_tokens") -> None:
+        self.metrics, self.prompt_ids, self.params, self.use_cache = metrics, prompt_ids, params, use_cache
+        try:
+            self.stream = engine.stream(prompt_ids, params, use_cache=use_cache)
+        except PromptError as e:
+            raise APIError(422, str(e).replace("max_new_tokens", max_tokens_field), "validation") from e
+        except QueueFullError as e:
+            metrics.on_rejected()
+            raise APIError(429, str(e), "overloaded", headers={"Retry-After": "1"}) from e
+        except EngineStoppedError as e:
+            raise APIError(503, str(e), "unavailable") from e
+
+    async def events(self, request: Request) -> AsyncIterator[TokenOutput]:
+        watcher = asyncio.ensure_future(self._cancel_on_disconnect(request))
+        previous = None
+        try:
+            async for out in self.stream:
+                if out.token_id is not None:
+                    self.metrics.on_token(out, previous, self.use_cache)
+                if out.finished:
+                    self.metrics.on_finish(out.finish_reason, len(self.prompt_ids), out.stats, self.use_cache)
+                previous = out
+                yield out
+        finally:
+            watcher.cancel()
+            if not self.stream.done:  # the consumer left early: the client is gone
+                self.stream.cancel()
+                self.metrics.on_finish(FINISH_ABORT, len(self.prompt_ids), None, self.use_cache)
+
+    async def collect(self, request: Request) -> list[TokenOutput]:
+        outs = [out async for out in self.events(request)]
+        final = outs[-1]
+        if final.finish_reason == FINISH_ERROR:
+            raise APIError(500, final.error or "generation failed", "generation")
+        if final.finish_reason == FINISH_ABORT:
+            raise APIError(503, "the request was cancelled", "cancelled")
+        return outs
+
+    async def _cancel_on_disconnect(self, request: Request) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.stream.cancel()
+
+
+def sse(data: BaseModel | dict | str) -> str:
+    if isinstance(data, BaseModel):
+        data = data.model_dump_json()
+    elif isinstance(data, dict):
+        data = json.dumps(data, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _guarded(events: AsyncIterator[str], error_type: str = "generation") -> AsyncIterator[str]:
+    """A failure inside a stream becomes its last event instead of a torn connection."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as e:  # noqa: BLE001 - anything here must reach the client as an error event
+        log.exception("stream failed")
+        yield sse(ErrorResponse(error=f"{type(e).__name__}: {e}", error_type=error_type))
+
+
+# ---- TGI ----------------------------------------------------------------------------------------
+
+
+def _token(out: TokenOutput) -> Token:
+    return Token(id=out.token_id, text=out.text, logprob=out.logprob, special=out.special)
+
+
+def _timing(final: TokenOutput) -> dict:
+    s = final.stats
+    return dict(use_cache=s.use_cache, queue_time_s=s.queue_time_s, time_to_first_token_s=s.time_to_first_token_s,
+                e2e_latency_s=s.e2e_latency_s, tokens_per_s=s.tokens_per_s)
+
+
+async def encode(engine: Engine, text: str) -> list[int]:
+    if len(text) > LONG_TEXT:
+        return await asyncio.to_thread(engine.tokenizer.encode, text)
+    return engine.tokenizer.encode(text)
+
+
+async def _tgi_prompt(engine: Engine, body: GenerateRequest) -> list[int]:
+    ids = await encode(engine, body.inputs)
+    return ids[-body.parameters.truncate:] if body.parameters.truncate else ids
+
+
+async def tgi_generate(request: Request, body: GenerateRequest, engine: Engine, metrics: Metrics, *,
+                       stream: bool, as_list: bool = False):
+    """TGI's /generate (`as_list` for the `/` route, which answers a one-element list)."""
+    prompt_ids = await _tgi_prompt(engine, body)
+    p = body.parameters
+    gen = Generation(engine, metrics, prompt_ids, tgi_sampling_params(p, len(prompt_ids), engine.context_length),
+                     p.use_cache)
+    prefix = body.inputs if p.return_full_text else ""
+    attention = (lambda ids: attention_of_generation(engine, prompt_ids, ids)) if p.return_attention else None
+    if stream:
+        return sse_response(_guarded(_tgi_events(gen.events(request), prefix, len(prompt_ids), attention)))
+    outs = await gen.collect(request)
+    final = outs[-1]
+    text = prefix + "".join(o.text for o in outs)
+    with_details = p.details or p.return_attention
+    details = Details(finish_reason=TGI_FINISH[final.finish_reason], generated_tokens=len(outs),
+                      seed=final.stats.seed, input_length=len(prompt_ids), tokens=[_token(o) for o in outs],
+                      attention=await attention([o.token_id for o in outs]) if attention else None,
+                      **_timing(final)) if with_details else None
+    answer = GenerateResponse(generated_text=text, details=details).model_dump(exclude_none=not with_details)
+    return JSONResponse([answer] if as_list else answer)
+
+
+async def _tgi_events(events: AsyncIterator[TokenOutput], prefix: str, input_length: int,
+                      attention: Callable[[list[int]], Awaitable[AttentionWeights]] | None = None
+                      ) -> AsyncIterator[str]:
+    texts: list[str] = []
+    output_ids: list[int] = []
+    async for out in events:
+        if out.token_id is None:  # error or abort: no token to send
+            if out.finish_reason == FINISH_ERROR:
+                yield sse(ErrorResponse(error=out.error or "generation failed", error_type="generation"))
+            return
+        texts.append(out.text)
+        output_ids.append(out.token_id)
+        event = StreamResponse(index=out.index, token=_token(out))
+        if out.finished:
+            event.generated_text = prefix + "".join(texts)
+            event.details = StreamDetails(finish_reason=TGI_FINISH[out.finish_reason], generated_tokens=out.index,
+                                          seed=out.stats.seed, input_length=input_length,
+                                          attention=await attention(output_ids) if attention else None,
+                                          **_timing(out))
+        yield sse(event)
+
+
+# ---- OpenAI completions -------------------------------------------------------------------------
+
+
+def _logprobs(outs: list[TokenOutput], offset: int) -> CompletionLogprobs:
+    offsets, at = [], offset
+    for o in outs:
+        offsets.append(at)
+        at += len(o.text)
+    return CompletionLogprobs(tokens=[o.text for o in outs], token_logprobs=[o.logprob for o in outs],
+                              text_offset=offsets)
+
+
+async def openai_completion(request: Request, body: CompletionRequest, engine: Engine, metrics: Metrics,
+                            model_name: str):
+    if body.model != model_name:
+        raise APIError(404, f"model {body.model!r} does not exist; this server serves {model_name!r}", "not_found")
+    prompt_ids = await encode(engine, body.prompt_text)
+    gen = Generation(engine, metrics, prompt_ids, openai_sampling_params(body), body.use_cache,
+                     max_tokens_field="max_tokens")
+    head = CompletionResponse(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=model_name, choices=[])
+    echo = body.prompt_text if body.echo else ""
+    if body.stream:
+        return sse_response(_guarded(_openai_events(gen.events(request), head, body, echo, len(prompt_ids))))
+    outs = await gen.collect(request)
+    final = outs[-1]
+    choice = CompletionChoice(text=echo + "".join(o.text for o in outs), finish_reason=OPENAI_FINISH[final.finish_reason],
+                              logprobs=_logprobs(outs, len(echo)) if body.logprobs is not None else None)
+    usage = Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(outs), total_tokens=len(prompt_ids) + len(outs))
+    return JSONResponse(head.model_copy(update={"choices": [choice], "usage": usage}).model_dump(mode="json"))
+
+
+async def _openai_events(events: AsyncIterator[TokenOutput], head: CompletionResponse, body: CompletionRequest,
+                         echo: str, prompt_tokens: int) -> AsyncIterator[str]:
+    def chunk(choice: CompletionChoice) -> str:
+        return sse(head.model_copy(update={"choices": [choice]}).model_dump_json(exclude={"usage"}))
+
+    if echo:
+        yield chunk(CompletionChoice(text=echo))
+    offset, generated = len(echo), 0
+    async for out in events:
+        if out.token_id is None:
+            if out.finish_reason == FINISH_ERROR:
+                yield sse(ErrorResponse(error=out.error or "generation failed", error_type="generation"))
+                yield "data: [DONE]\n\n"
+            return
+        generated += 1
+        if out.text or out.finished:
+            logprobs = _logprobs([out], offset) if body.logprobs is not None else None
+            yield chunk(CompletionChoice(text=out.text, logprobs=logprobs,
+                                         finish_reason=OPENAI_FINISH.get(out.finish_reason)))
+            offset += len(out.text)
+    if (body.stream_options or {}).get("include_usage"):
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=generated, total_tokens=prompt_tokens + generated)
+        yield sse(head.model_copy(update={"choices": [], "usage": usage}).model_dump_json())
+    yield "data: [DONE]\n\n"

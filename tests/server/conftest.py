@@ -1,0 +1,95 @@
+"""Live servers for the HTTP tests: the real app under uvicorn on an ephemeral 127.0.0.1 port."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from server.app import create_app
+from server.engine import Engine, EngineArgs
+
+
+class LiveServer:
+    def __init__(self, app) -> None:
+        self.app = app
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+
+    @property
+    def engine(self) -> Engine:
+        return self.app.state.kvserve.engine
+
+    def start(self, timeout: float = 60.0) -> "LiveServer":
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"server at {self.url} did not become healthy in {timeout}s")
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(30)
+
+    def client(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60, trust_env=False, **kw)
+
+    def metric(self, name: str, **labels) -> float:
+        """One sample of /metrics (0 when absent), matched by name and the given labels."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+
+def serve(checkpoint, **engine_kw) -> LiveServer:
+    args = EngineArgs(checkpoint=checkpoint, device="cpu", threads=1, **engine_kw)
+    return LiveServer(create_app(lambda: Engine.from_args(args), model_name="tiny")).start()
+
+
+@pytest.fixture(scope="session")
+def live(tiny_checkpoint):
+    """The tiny random model, 32 slots."""
+    server = serve(tiny_checkpoint, max_batch=32, max_waiting=32)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def small_live(tiny_checkpoint):
+    """One slot and one waiting place: easy to overload."""
+    server = serve(tiny_checkpoint, max_batch=1, max_waiting=1)
+    yield server
+    server.stop()
+
+
+def sse_events(lines) -> list[dict | str]:
+    """The `data:` payloads of a Server-Sent Events stream, JSON-decoded (except [DONE])."""
+    events = []
+    for line in lines:
+        if line.startswith("data:"):
+            payload = line[5:].strip()
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def wait_for(condition, what: str, timeout: float = 30.0) -> None:
+    """Polls until `condition()` holds; fails naming `what` if it never does."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)

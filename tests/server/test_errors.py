@@ -1,0 +1,164 @@
+"""Refusals and failures: 4xx with clear messages, 429 on overload, 503 while loading, disconnects and
+engine errors that free their slot and leave the server serving."""
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+import server.runner
+from server.app import create_app
+from server.engine import Engine
+from tests.server.conftest import sse_events, wait_for
+
+BAD_GENERATE = [
+    ({"inputs": "x", "foo": 1}, "foo: Extra inputs are not permitted"),
+    ({"inputs": "x", "parameters": {"bar": 1}}, "parameters.bar: Extra inputs are not permitted"),
+    ({"parameters": {}}, "inputs: Field required"),
+    ({"inputs": ""}, "inputs: String should have at least 1 character"),
+    ({"inputs": 5}, "inputs: Input should be a valid string"),
+    ({"inputs": "x", "parameters": {"max_new_tokens": "many"}}, "parameters.max_new_tokens: Input should be a valid integer"),
+    ({"inputs": "x", "parameters": {"max_new_tokens": 0}}, "parameters.max_new_tokens: Input should be greater than or equal to 1"),
+    ({"inputs": "x", "parameters": {"max_new_tokens": 200}}, "max_new_tokens (200) exceeds the context of 128 tokens"),
+    ({"inputs": "x", "parameters": {"temperature": 0}}, "parameters.temperature: Input should be greater than 0"),
+    ({"inputs": "x", "parameters": {"top_p": 1.5}}, "parameters.top_p: Input should be less than or equal to 1"),
+    ({"inputs": "x", "parameters": {"top_k": 0}}, "parameters.top_k: Input should be greater than 0"),
+    ({"inputs": "x", "parameters": {"repetition_penalty": -1}}, "parameters.repetition_penalty: Input should be greater than 0"),
+    ({"inputs": "x", "parameters": {"seed": -1}}, "parameters.seed: Input should be greater than or equal to 0"),
+    ({"inputs": "x", "parameters": {"stop": ["a", "b", "c", "d", "e"]}}, "parameters.stop: List should have at most 4 items"),
+    ({"inputs": "x", "parameters": {"stop": [""]}}, "parameters.stop.0: String should have at least 1 character"),
+    ({"inputs": "x", "parameters": {"best_of": 2}}, "best_of=2 is not supported"),
+    ({"inputs": "x", "parameters": {"use_cache": "sometimes"}}, "parameters.use_cache: Input should be a valid boolean"),
+]
+
+
+@pytest.mark.parametrize("body,message", BAD_GENERATE, ids=[m.split(":")[0][:30] for _, m in BAD_GENERATE])
+def test_bad_generate_input_gets_422_naming_the_field(live, body, message):
+    r = httpx.post(live.url + "/generate", json=body, timeout=30)
+    assert r.status_code == 422, r.text
+    assert r.json()["error_type"] == "validation" and message in r.json()["error"], r.json()
+
+
+def test_a_long_prompt_is_refused_with_its_length_and_the_context(live):
+    r = httpx.post(live.url + "/generate_stream", json={"inputs": "To be, " * 100}, timeout=30)
+    assert r.status_code == 422 and "the context holds 128" in r.json()["error"]
+
+
+def test_invalid_json_and_nan_are_422(live):
+    for raw in (b'{"inputs": ', b'{"inputs": "x", "parameters": {"temperature": NaN}}'):
+        r = httpx.post(live.url + "/generate", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 422 and r.json()["error_type"] == "validation", r.text
+        assert "not valid JSON" in r.json()["error"] or "parameters.temperature: Input should be a finite number" in r.json()["error"]
+
+
+@pytest.mark.parametrize("body,status,message", [
+    ({"model": "gpt-4", "prompt": "x"}, 404, "model 'gpt-4' does not exist"),
+    ({"model": "tiny", "prompt": "x", "n": 2}, 422, "n: Input should be less than or equal to 1"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": 500}, 422, "max_tokens (500) exceeds the context of 128"),
+    ({"model": "tiny", "prompt": ["a", "b"]}, 422, "List should have at most 1 item"),
+    ({"model": "tiny", "prompt": "x", "temperature": 3}, 422, "temperature: Input should be less than or equal to 2"),
+    ({"model": "tiny", "prompt": "x", "presence_penalty": 0.5}, 422, "presence_penalty=0.5 is not supported"),
+])
+def test_bad_completion_input_gets_its_4xx(live, body, status, message):
+    r = httpx.post(live.url + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == status and message in r.json()["error"], r.text
+
+
+def test_unknown_route_answers_in_the_error_shape(live):
+    r = httpx.get(live.url + "/nope")
+    assert r.status_code == 404 and r.json() == {"error": "Not Found", "error_type": "http"}
+
+
+def test_queue_overflow_is_refused_at_once_with_429(small_live):
+    engine = small_live.engine
+    body = {"inputs": "To be", "parameters": {"max_new_tokens": 3}}
+    rejected = small_live.metric("kvserve:request_rejected_total")
+    with engine.paused():  # no step runs: requests pile up until the 1 slot + 1 waiting place are taken
+        pending = [threading.Thread(target=httpx.post, args=(small_live.url + "/generate",), kwargs={
+            "json": body, "timeout": 60}) for _ in range(2)]
+        for t in pending:
+            t.start()
+        wait_for(lambda: engine.num_waiting == 2, "two queued requests")
+        r = httpx.post(small_live.url + "/generate_stream", json=body, timeout=30)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert r.json()["error_type"] == "overloaded" and "max 1" in r.json()["error"]
+    for t in pending:
+        t.join(60)
+    assert small_live.metric("kvserve:request_rejected_total") == rejected + 1
+    assert httpx.post(small_live.url + "/generate", json=body, timeout=60).status_code == 200
+
+
+def test_client_disconnect_mid_stream_frees_the_slot_within_one_step(small_live):
+    engine = small_live.engine
+    aborted = small_live.metric("kvserve:request_success_total", finished_reason="abort")
+    body = {"inputs": "To be", "parameters": {"max_new_tokens": 100, "ignore_eos": True}}
+    with engine.paused():  # the test drives the steps itself
+        with small_live.client() as c, c.stream("POST", "/generate_stream", json=body) as r:
+            wait_for(lambda: engine.num_waiting == 1, "the request to queue")
+            engine.step()  # admit + prefill: first token
+            engine.step()  # second token
+            first = sse_events([next(r.iter_lines())])[0]
+            assert first["index"] == 1 and first["generated_text"] is None
+            assert small_live.metric("kvserve:num_requests_running") == 1
+            assert small_live.metric("kvserve:kv_cache_usage_perc") == 1.0
+        wait_for(lambda: engine.scheduler.num_pending_aborts == 1, "the server to notice the disconnect")
+        engine.step()
+        assert engine.num_running == 0 and engine.cache.num_free == 1
+    assert small_live.metric("kvserve:num_requests_running") == 0
+    assert small_live.metric("kvserve:kv_cache_usage_perc") == 0.0
+    assert small_live.metric("kvserve:request_success_total", finished_reason="abort") == aborted + 1
+    assert httpx.post(small_live.url + "/generate", json={"inputs": "To be"}, timeout=60).status_code == 200
+
+
+@pytest.fixture
+def sampling_breaks_on_seed_13(monkeypatch):
+    """The third sampling step of any batch holding a seed-13 request raises."""
+    real_sample, calls = server.runner.sample, []
+
+    def sample(logits, params, *args):
+        if any(p.seed == 13 for p in params):
+            calls.append(1)
+            if len(calls) >= 3:
+                raise RuntimeError("sampler exploded")
+        return real_sample(logits, params, *args)
+
+    monkeypatch.setattr(server.runner, "sample", sample)
+
+
+def test_an_engine_error_mid_stream_is_the_last_event_and_the_server_goes_on(live, sampling_breaks_on_seed_13):
+    body = {"inputs": "To be", "parameters": {"max_new_tokens": 20, "seed": 13, "do_sample": True}}
+    with live.client() as c:
+        events = sse_events(c.post("/generate_stream", json=body).iter_lines())
+    assert [e["index"] for e in events[:-1]] == [1, 2]
+    assert events[-1]["error_type"] == "generation" and "sampler exploded" in events[-1]["error"]
+    r = httpx.post(live.url + "/generate", json=body, timeout=60)
+    assert r.status_code == 500 and "sampler exploded" in r.json()["error"]
+    assert httpx.post(live.url + "/generate", json={"inputs": "To be"}, timeout=60).status_code == 200
+    assert live.engine.cache.num_used == 0
+
+
+def test_health_is_503_while_loading_then_200(tiny_model, tiny_tokenizer):
+    release = threading.Event()
+
+    def slow_load() -> Engine:
+        release.wait(60)
+        return Engine(tiny_model, tiny_tokenizer, max_batch=2)
+
+    with TestClient(create_app(slow_load, model_name="tiny")) as client:
+        r = client.get("/health")
+        assert r.status_code == 503 and r.json() == {"error": "the model is loading", "error_type": "unavailable"}
+        assert client.post("/generate", json={"inputs": "x"}).status_code == 503
+        release.set()
+        wait_for(lambda: client.get("/health").status_code == 200, "the model to load")
+        assert client.post("/generate", json={"inputs": "x", "parameters": {"max_new_tokens": 2}}).status_code == 200
+
+
+def test_health_reports_a_failed_load(tmp_path):
+    def broken() -> Engine:
+        raise FileNotFoundError("no weights here")
+
+    with TestClient(create_app(broken)) as client:
+        wait_for(lambda: "failed" in client.get("/health").json()["error"], "the load to fail")
+        assert "no weights here" in client.get("/health").json()["error"]

@@ -1,0 +1,175 @@
+"""The load-test tool: metrics from synthetic timestamps (exact), and a short run against the real server."""
+from __future__ import annotations
+
+import pytest
+
+from server.loadtest import (BUILTIN_PASSAGE, LoadTestConfig, RequestParams, build_prompts, run_labels)
+from server.loadtest_report import (RequestRecord, cache_ratio, distribution, itl_by_token_index, percentile,
+                                    render_tables, summarize)
+
+
+def record(start, token_times, end, ok=True, error_type=None):
+    return RequestRecord(start=start, token_times=list(token_times), end=end, ok=ok, error_type=error_type,
+                         finish_reason="length" if ok else None)
+
+
+def test_tpot_spreads_decode_time_over_tokens_after_the_first():
+    r = record(10.0, [10.5, 10.75, 11.0, 11.5], 11.5)
+    assert r.ttft == 0.5
+    assert r.e2e == 1.5
+    assert r.tpot == (1.5 - 0.5) / 3
+
+
+def test_itl_is_every_gap_between_consecutive_tokens():
+    r = record(0.0, [0.5, 0.75, 1.0, 1.5], 1.5)
+    assert r.itls() == [0.25, 0.25, 0.5]
+
+
+def test_tpot_is_undefined_for_a_single_token():
+    r = record(0.0, [0.25], 0.25)
+    assert r.output_tokens == 1 and r.tpot is None and r.itls() == []
+
+
+def test_percentiles_interpolate_between_closest_ranks():
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(values, 50) == 2.5
+    assert percentile(values, 90) == pytest.approx(3.7, abs=1e-12)
+    assert percentile(values, 99) == pytest.approx(3.97, abs=1e-12)
+    assert percentile([7.0], 99) == 7.0
+    assert distribution(values) == {"mean": 2.5, "p50": 2.5, "p90": pytest.approx(3.7), "p99": pytest.approx(3.97),
+                                    "count": 4}
+    assert distribution([])["p50"] is None
+
+
+def test_summary_averages_tpot_per_request_but_pools_itl_gaps():
+    fast = record(0.0, [1.0, 1.25, 1.5, 1.75, 2.0], 2.0)  # 4 gaps of 0.25 s
+    slow = record(0.0, [1.0, 3.0], 3.0)  # 1 gap of 2 s
+    failed = record(0.0, [], None, ok=False, error_type="http_429")
+    s = summarize([fast, slow, failed], wall_s=4.0, concurrency=2, use_cache=True)
+    assert (s["requests_ok"], s["requests_failed"], s["errors"]) == (2, 1, {"http_429": 1})
+    assert s["concurrency"] == 2 and s["use_cache"] is True
+    assert s["tpot_s"]["mean"] == (0.25 + 2.0) / 2  # each request weighs the same
+    assert s["itl_s"]["mean"] == (4 * 0.25 + 2.0) / 5  # each gap weighs the same
+    assert s["itl_s"]["count"] == 5 and s["tpot_s"]["count"] == 2
+    assert s["ttft_s"]["mean"] == 1.0
+    assert s["e2e_s"]["p50"] == 2.5
+    assert s["output_tokens"] == 7
+    assert s["output_tokens_per_s"] == 7 / 4.0
+    assert s["requests_per_s"] == 2 / 4.0
+    assert len(s["requests"]) == 3
+
+
+def test_itl_by_token_index_averages_over_requests_that_reached_it():
+    a = record(0.0, [1.0, 2.0, 4.0], 4.0)  # gaps 1, 2
+    b = record(0.0, [1.0, 4.0], 4.0)  # gap 3
+    assert itl_by_token_index([a, b]) == [2.0, 2.0]
+
+
+def test_cache_ratio_is_cache_on_over_cache_off():
+    on = summarize([record(0.0, [0.5, 1.0, 1.5], 1.5)], wall_s=1.5)
+    off = summarize([record(0.0, [1.0, 2.0, 3.0], 3.0)], wall_s=3.0)
+    ratio = cache_ratio(on, off)
+    assert ratio["output_tokens_per_s"] == 2.0
+    assert ratio["requests_per_s"] == 2.0
+    assert ratio["ttft_s"]["p50"] == 0.5
+    assert ratio["tpot_s"]["mean"] == 0.5
+    assert ratio["itl_s"]["p99"] == 0.5
+    assert ratio["e2e_s"]["mean"] == 0.5
+
+
+def test_tables_show_a_ratio_column_only_when_comparing():
+    on = summarize([record(0.0, [0.5, 1.0], 1.0)], 1.0, label="c=1 cache on", concurrency=1,
+                   request_rate=None, use_cache=True)
+    off = {**on, "label": "c=1 cache off", "use_cache": False}
+    plain = render_tables({"runs": [on], "cache_ratios": []})
+    assert [c.header for c in plain[0].columns] == ["metric", "c=1 cache on"]
+    compared = render_tables({"runs": [on, off], "cache_ratios": [
+        {"concurrency": 1, "request_rate": None, "cache_on_over_off": cache_ratio(on, off)}]})
+    assert [c.header for c in compared[0].columns] == ["metric", "cache on", "cache off", "on/off"]
+
+
+def test_greedy_request_body_follows_tgi_schema():
+    body = RequestParams(max_new_tokens=5, use_cache=False, ignore_eos=False).body("Hi")
+    assert body == {"inputs": "Hi", "parameters": {"max_new_tokens": 5, "use_cache": False, "details": True,
+                                                   "do_sample": False}}
+    sampled = RequestParams(max_new_tokens=5, temperature=0.7).body("Hi")["parameters"]
+    assert sampled["do_sample"] is True and sampled["temperature"] == 0.7 and sampled["ignore_eos"] is True
+
+
+def test_runs_put_cache_modes_side_by_side_per_level():
+    labels = run_labels(LoadTestConfig(concurrency=(1, 4), cache_modes=(True, False)))
+    assert [(r["concurrency"], r["use_cache"]) for r in labels] == [(1, True), (1, False), (4, True), (4, False)]
+    assert labels[0]["label"] == "c=1 cache on"
+    rates = run_labels(LoadTestConfig(request_rates=(2.5,)))
+    assert [(r["concurrency"], r["request_rate"], r["label"]) for r in rates] == [(None, 2.5, "rate=2.5/s cache on")]
+
+
+def test_prompts_are_cut_to_exact_token_counts(tiny_tokenizer):
+    prompts = build_prompts([BUILTIN_PASSAGE], count=5, prompt_tokens=12, tokenizer=tiny_tokenizer, seed=1)
+    assert len(prompts) == 5
+    assert [len(tiny_tokenizer.encode(p)) for p in prompts] == [12] * 5
+
+
+# ---- against the real server: the `live` fixture of tests/server/conftest.py (tiny checkpoint, uvicorn) ----
+
+@pytest.fixture(scope="module")
+def server_url(live):
+    return live.url
+
+
+def test_load_test_against_real_server_counts_every_token(server_url, tiny_checkpoint, tmp_path):
+    import asyncio
+    import json
+
+    from server.loadtest import load_prompts, run_load_test
+    from server.loadtest_report import write_plots
+
+    prompts, note = load_prompts(4, 8, None, str(tiny_checkpoint))
+    assert note["tokens_max"] == 8
+    config = LoadTestConfig(url=server_url, concurrency=(1, 2), cache_modes=(True, False), num_requests=3,
+                            max_new_tokens=4, request_timeout_s=60, timeout_s=240)
+    report = asyncio.run(run_load_test(config, prompts))
+    assert [r["label"] for r in report["runs"]] == ["c=1 cache on", "c=1 cache off", "c=2 cache on", "c=2 cache off"]
+    for run in report["runs"]:
+        assert (run["requests_ok"], run["requests_failed"]) == (3, 0), run["errors"]
+        tokens = [r["output_tokens"] for r in run["requests"]]
+        assert all(1 <= n <= 4 for n in tokens), tokens
+        if report["server"]["ignore_eos_supported"]:
+            assert tokens == [4, 4, 4]
+        assert [r["server_generated_tokens"] for r in run["requests"]] == tokens
+        assert run["output_tokens"] == sum(tokens)
+        assert run["ttft_s"]["count"] == 3 and run["e2e_s"]["count"] == 3
+        assert run["itl_s"]["count"] == sum(n - 1 for n in tokens)
+        assert len(run["itl_by_token_index_s"]) == max(tokens) - 1
+    assert [(c["concurrency"], sorted(c["cache_on_over_off"])) for c in report["cache_ratios"]] == [
+        (1, sorted(["output_tokens_per_s", "requests_per_s", "ttft_s", "tpot_s", "itl_s", "e2e_s"])),
+        (2, sorted(["output_tokens_per_s", "requests_per_s", "ttft_s", "tpot_s", "itl_s", "e2e_s"]))]
+    json.dumps(report)
+    assert [p.name for p in write_plots(report, tmp_path)] == ["throughput_latency.png", "itl_by_token_index.png"]
+    assert all((tmp_path / name).stat().st_size > 0 for name in ("throughput_latency.png", "itl_by_token_index.png"))
+
+
+def test_command_line_writes_json_report(server_url, tiny_checkpoint, tmp_path):
+    import json
+
+    from server.loadtest import main
+
+    out = tmp_path / "report.json"
+    code = main(["--url", server_url, "--concurrency", "2", "--num-requests", "2", "--max-new-tokens", "3",
+                 "--prompt-tokens", "6", "--tokenizer", str(tiny_checkpoint), "--quiet", "--json-out", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert [(r["concurrency"], r["use_cache"], r["requests_ok"]) for r in report["runs"]] == [(2, True, 2)]
+    assert report["prompts"]["tokens_max"] == 6
+
+
+def test_unreachable_server_is_reported_not_retried(tiny_checkpoint):
+    import socket
+
+    from server.loadtest import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once the socket is closed
+    assert main(["--url", f"http://127.0.0.1:{port}", "--num-requests", "1", "--quiet",
+                 "--tokenizer", str(tiny_checkpoint)]) == 2
