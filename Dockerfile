@@ -1,16 +1,16 @@
 # kvserve: the text-generation server. The checkpoint is not baked in: mount it at /checkpoints.
-#   docker build -t kvserve:cpu .                                           (CPU wheels, small image)
-#   docker build -t kvserve:gpu --build-arg TORCH_INDEX=https://pypi.org/simple .   (CUDA wheels)
+#   docker build -t kvserve .                                   (torch from the default index: CUDA wheels)
+#   docker build -t kvserve:cpu --build-arg TORCH_INDEX=<PyTorch's CPU wheel index URL> .   (a smaller CPU image)
 FROM python:3.11-slim
 
 ARG TORCH_VERSION=2.13.0
-ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG TORCH_INDEX=
 
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 
 # torch first, from the chosen index, so the project install never swaps in another build
-RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
+RUN pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX:+--index-url "${TORCH_INDEX}"}
 # README.md* : pyproject names it as the long description; the glob keeps the build working without it
 COPY pyproject.toml README.md* ./
 COPY model ./model

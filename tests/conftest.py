@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny random model and tokenizer, and the committed default checkpoint."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,11 @@ from model.checkpoint import DEFAULT_CHECKPOINT, load_model, load_tokenizer, sav
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.tokenizer import train_tokenizer
+
+# The suite runs on the CPU; `KVSERVE_TEST_DEVICE=cuda pytest` runs it on a GPU (bench/gpu_check.sh).
+TEST_DEVICE = os.environ.get("KVSERVE_TEST_DEVICE", "cpu")
+if TEST_DEVICE != "cpu":
+    torch.set_default_device(TEST_DEVICE)
 
 TINY_TEXT = (
     "To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer "
@@ -49,7 +55,7 @@ def default_checkpoint() -> Path:
 
 @pytest.fixture(scope="session")
 def default_model(default_checkpoint):
-    return load_model(default_checkpoint)
+    return load_model(default_checkpoint, device=TEST_DEVICE)
 
 
 @pytest.fixture(scope="session")

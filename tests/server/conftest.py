@@ -12,6 +12,7 @@ import uvicorn
 
 from server.app import create_app
 from server.engine import Engine, EngineArgs
+from tests.conftest import TEST_DEVICE
 
 
 class LiveServer:
@@ -57,7 +58,7 @@ class LiveServer:
 
 
 def serve(checkpoint, **engine_kw) -> LiveServer:
-    args = EngineArgs(checkpoint=checkpoint, device="cpu", threads=1, **engine_kw)
+    args = EngineArgs(checkpoint=checkpoint, device=TEST_DEVICE, threads=1, **engine_kw)
     return LiveServer(create_app(lambda: Engine.from_args(args), model_name="tiny")).start()
 
 
