@@ -1,35 +1,53 @@
-"""The HTTP app: routes only. The engine is built in a background thread at start-up, so `/health`
-answers 503 until the model is loaded and warm, then 200."""
+"""The HTTP app: routes, the guards in front of them (API key, body size, CORS), and the uvicorn server
+that shuts it down gracefully. The engine is built in a background thread at start-up, so `/health`
+answers 503 until the model is loaded and warm, then 200, and 503 again once shutdown begins."""
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
+from types import FrameType
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.engine import Engine
 from server.metrics import Metrics
+from server.middleware import BearerAuth, BodySizeLimit
 from server.playground import router as playground_router
 from server.protocol import CompletionRequest, GenerateRequest, ModelCard, ModelList
-from server.serving import APIError, openai_completion, tgi_generate
+from server.serving import APIError, Limits, openai_completion, tgi_generate
 
 log = logging.getLogger("kvserve.app")
 
 
 class AppState:
-    def __init__(self, model_name: str) -> None:
-        self.model_name = model_name
+    def __init__(self, model_name: str, limits: Limits, shutdown_grace: float) -> None:
+        self.model_name, self.limits, self.shutdown_grace = model_name, limits, shutdown_grace
         self.engine: Engine | None = None  # set once loaded and warm
         self.load_error: str | None = None
+        self.shutting_down = False
         self.created = int(time.time())
         self.metrics = Metrics(model_name)
+
+    def begin_shutdown(self) -> None:
+        """From now on /health and new requests answer 503; requests in flight get `shutdown_grace`
+        seconds to finish, then end with an error event of type 'shutdown' (`Engine.drain`)."""
+        if self.shutting_down:
+            return
+        self.shutting_down = True
+        log.info("shutting down: no new requests; %g s for those in flight", self.shutdown_grace)
+        if self.engine is not None:
+            threading.Thread(target=self.engine.drain, args=(self.shutdown_grace,), name="kvserve-drain",
+                             daemon=True).start()
 
     def ready_engine(self) -> Engine:
         if self.engine is None:
@@ -63,9 +81,13 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts)
 
 
-def create_app(load_engine: Callable[[], Engine], *, model_name: str = "model", warmup: bool = True) -> FastAPI:
-    """An app serving the engine that `load_engine` returns (called once, in a background thread)."""
-    state = AppState(model_name)
+def create_app(load_engine: Callable[[], Engine], *, model_name: str = "model", warmup: bool = True,
+               limits: Limits = Limits(), api_key: str | None = None, cors_origins: Sequence[str] = (),
+               shutdown_grace: float = 30.0) -> FastAPI:
+    """An app serving the engine that `load_engine` returns (called once, in a background thread).
+    With `api_key`, every route but /health and the playground page needs it as a Bearer token.
+    `cors_origins`: browser origins allowed to call the API (none by default)."""
+    state = AppState(model_name, limits, shutdown_grace)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -76,13 +98,23 @@ def create_app(load_engine: Callable[[], Engine], *, model_name: str = "model", 
 
     app = FastAPI(title="kvserve", description="TGI- and OpenAI-compatible text generation", lifespan=lifespan)
     app.state.kvserve = state
+    # the last added runs first: CORS (so refusals carry its headers), then the key, then the body size
+    app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes, on_reject=state.metrics.on_rejected)
+    if api_key:
+        app.add_middleware(BearerAuth, api_key=api_key, on_reject=state.metrics.on_rejected)
+    if cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "Accept"])
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
+        if exc.reason:
+            state.metrics.on_rejected(exc.reason)
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
+        state.metrics.on_rejected("validation")
         return APIError(422, _validation_message(exc), "validation").response()
 
     @app.exception_handler(StarletteHTTPException)
@@ -97,6 +129,8 @@ def create_app(load_engine: Callable[[], Engine], *, model_name: str = "model", 
     @app.get("/health")
     async def health():
         state.ready_engine()
+        if state.shutting_down:
+            raise APIError(503, "the server is shutting down", "unavailable")
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -106,29 +140,32 @@ def create_app(load_engine: Callable[[], Engine], *, model_name: str = "model", 
     @app.get("/info")
     async def info():
         engine = state.ready_engine()
-        return {"model_id": model_name, "model_dtype": str(next(engine.model.parameters()).dtype).removeprefix("torch."),
-                "model_device_type": engine.device.type, "max_input_tokens": engine.context_length - 1,
-                "max_total_tokens": engine.context_length, "max_batch_size": engine.scheduler.max_running,
-                "max_waiting_requests": engine.scheduler.max_waiting, "router": "kvserve"}
+        dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
+        max_input = min(engine.context_length - 1, limits.max_input_tokens or engine.context_length)
+        return {"model_id": model_name, "model_dtype": dtype, "model_device_type": engine.device.type,
+                "max_input_tokens": max_input, "max_total_tokens": engine.context_length,
+                "max_new_tokens": limits.max_new_tokens, "max_stop_sequences": limits.max_stop_sequences,
+                "max_batch_size": engine.scheduler.max_running, "max_waiting_requests": engine.scheduler.max_waiting,
+                "request_timeout_s": limits.request_timeout, "router": "kvserve"}
 
     @app.post("/generate")
     async def generate(request: Request, body: GenerateRequest):
         stream = body.stream or "text/event-stream" in request.headers.get("accept", "")
-        return await tgi_generate(request, body, state.ready_engine(), state.metrics, stream=stream)
+        return await tgi_generate(request, body, state.ready_engine(), state.metrics, limits, stream=stream)
 
     @app.post("/generate_stream")
     async def generate_stream(request: Request, body: GenerateRequest):
-        return await tgi_generate(request, body, state.ready_engine(), state.metrics, stream=True)
+        return await tgi_generate(request, body, state.ready_engine(), state.metrics, limits, stream=True)
 
     @app.post("/")
     async def compat_generate(request: Request, body: GenerateRequest):
         """TGI's compatibility route (huggingface_hub's InferenceClient posts here)."""
-        return await tgi_generate(request, body, state.ready_engine(), state.metrics, stream=body.stream,
+        return await tgi_generate(request, body, state.ready_engine(), state.metrics, limits, stream=body.stream,
                                   as_list=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest):
-        return await openai_completion(request, body, state.ready_engine(), state.metrics, model_name)
+        return await openai_completion(request, body, state.ready_engine(), state.metrics, limits, model_name)
 
     @app.get("/v1/models")
     async def models():
@@ -137,3 +174,18 @@ def create_app(load_engine: Callable[[], Engine], *, model_name: str = "model", 
 
     app.include_router(playground_router)  # GET /: the browser playground
     return app
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn, with the app told first on SIGTERM or SIGINT (`AppState.begin_shutdown`), so requests in
+    flight finish or end with a 'shutdown' event while uvicorn waits for their connections. A SIGTERM
+    is not raised again once the server has stopped, so the process exits with status 0."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        state: AppState | None = getattr(getattr(self.config.app, "state", None), "kvserve", None)
+        if state is not None:
+            state.begin_shutdown()
+        if sig == signal.SIGTERM:
+            self.should_exit = True
+            return
+        super().handle_exit(sig, frame)

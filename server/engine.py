@@ -11,6 +11,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -37,8 +38,11 @@ log = logging.getLogger("kvserve.engine")
 __all__ = ["Engine", "EngineArgs", "EngineStoppedError", "QueueFullError", "RequestStream"]
 
 
+SHUTDOWN_MESSAGE = "the server shut down before this request finished"
+
+
 class EngineStoppedError(RuntimeError):
-    """The engine is shut down and takes no more requests."""
+    """The engine is shutting down or shut down and takes no more requests."""
 
 
 @dataclass
@@ -93,6 +97,7 @@ class Engine:
         self._wakeup = threading.Condition()
         self._step_lock = threading.Lock()  # held for the length of a step; `paused()` holds it too
         self._stopping = False
+        self._admitting = True  # False once a graceful shutdown has begun
         self._thread: threading.Thread | None = None
         self._calls: deque[tuple[Callable[[], Any], Future]] = deque()  # `run_between_steps` work, FIFO
 
@@ -128,8 +133,8 @@ class Engine:
                request_id: str | None = None) -> str:
         """Queues a request; `sink` gets its TokenOutputs on the engine thread and must not block.
         Raises PromptError (prompt too long, empty...), QueueFullError, EngineStoppedError at once."""
-        if self._stopping:
-            raise EngineStoppedError("the engine is shut down")
+        if self._stopping or not self._admitting:
+            raise EngineStoppedError("the server is shutting down and takes no new requests")
         check_prompt(prompt_ids, params.max_new_tokens, self.context_length, self.config.vocab_size)
         seq = Sequence(prompt_ids, params, self.tokenizer, sink, use_cache=use_cache, device=self.device,
                        request_id=request_id)
@@ -193,6 +198,27 @@ class Engine:
             self.generate(prompt[: self.context_length - 2], SamplingParams(max_new_tokens=2, temperature=0),
                           use_cache=use_cache, timeout=600)
 
+    def stop_admitting(self) -> None:
+        """New requests are refused (EngineStoppedError) from now on; those already in go on."""
+        self._admitting = False
+
+    def drain(self, grace: float) -> None:
+        """Graceful shutdown: refuses new requests, lets those in flight run for up to `grace` seconds,
+        then ends the rest with an error event of type 'shutdown'. Blocks until then."""
+        self.stop_admitting()
+        deadline = time.monotonic() + grace
+        while self.scheduler.has_work() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self.scheduler.has_work():
+            try:  # on the engine thread, before its next step, so no step touches what is ended here
+                self.run_between_steps(self._end_all_for_shutdown).result()
+            except EngineStoppedError:
+                pass  # `shutdown` ends them
+
+    def _end_all_for_shutdown(self) -> None:
+        for seq in self.scheduler.drain():
+            self._emit(seq, seq.end(FINISH_ERROR, SHUTDOWN_MESSAGE, "shutdown"))
+
     def shutdown(self, timeout: float = 30.0) -> None:
         with self._wakeup:
             self._stopping = True
@@ -201,8 +227,7 @@ class Engine:
             self._thread.join(timeout)
         while self._calls:
             self._calls.popleft()[1].set_exception(EngineStoppedError("the engine is shut down"))
-        for seq in self.scheduler.drain():
-            self._emit(seq, seq.end(FINISH_ERROR, "the server is shutting down"))
+        self._end_all_for_shutdown()
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -226,7 +251,7 @@ class Engine:
                 except Exception:  # a bug outside any one request: fail what is in flight, keep serving
                     log.exception("engine step failed")
                     for seq in self.scheduler.drain():
-                        self._emit(seq, seq.end(FINISH_ERROR, "internal engine error"))
+                        self._emit(seq, seq.end(FINISH_ERROR, "internal engine error", "generation"))
 
     def _run_calls(self) -> None:
         while self._calls:
@@ -261,7 +286,7 @@ class Engine:
             try:
                 sampled += self.runner.execute(single)
             except Exception as e:
-                self._fail(single.sequences[0], e)
+                self._fail(single.sequences[0], f"{type(e).__name__}: {e}")
         return sampled
 
     def _update(self, batch: SchedulerOutput, sampled: list[Sampled]) -> None:
@@ -269,19 +294,22 @@ class Engine:
             if not chunk.seq.finished:
                 chunk.seq.num_cached = chunk.end
         for s in sampled:
+            if s.error is not None:
+                self._fail(s.seq, s.error)
+                continue
             try:
                 out = s.seq.append(s.token_id, s.logprob)
             except Exception as e:
-                self._fail(s.seq, e)
+                self._fail(s.seq, f"{type(e).__name__}: {e}")
                 continue
             if s.seq.finished:
                 self.scheduler.finish(s.seq)
             self._emit(s.seq, out)
 
-    def _fail(self, seq: Sequence, error: Exception) -> None:
-        log.warning("request %s failed: %r", seq.request_id, error)
+    def _fail(self, seq: Sequence, error: str) -> None:
+        log.warning("request %s failed: %s", seq.request_id, error)
         self.scheduler.finish(seq)
-        self._emit(seq, seq.end(FINISH_ERROR, f"generation failed: {type(error).__name__}: {error}"))
+        self._emit(seq, seq.end(FINISH_ERROR, f"generation failed: {error}", "generation"))
 
     def _emit(self, seq: Sequence, out: TokenOutput) -> None:
         try:

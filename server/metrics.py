@@ -36,8 +36,8 @@ class Metrics:
         self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens.", m, registry=r)
         self.success = Counter(PREFIX + "request_success", "Finished requests by reason.",
                                m + ["finished_reason"], registry=r)
-        self.rejected = Counter(PREFIX + "request_rejected", "Requests refused with 429 (queue full).", m,
-                                registry=r)
+        self.rejected = Counter(PREFIX + "request_rejected", "Requests refused or cut short by a limit, by reason.",
+                                m + ["reason"], registry=r)
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Arrival to first token.", mc,
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram(PREFIX + "inter_token_latency_seconds", "Time between two tokens of a request.", mc,
@@ -58,8 +58,10 @@ class Metrics:
         self.waiting.labels(self.model_name).set_function(waiting)
         self.kv_usage.labels(self.model_name).set_function(kv_usage)
 
-    def on_rejected(self) -> None:
-        self.rejected.labels(self.model_name).inc()
+    def on_rejected(self, reason: str) -> None:
+        """reason: queue_full, shutting_down, unauthorized, body_too_large, validation, prompt_too_long,
+        max_new_tokens, stop_sequences, timeout."""
+        self.rejected.labels(self.model_name, reason).inc()
 
     def on_token(self, out: TokenOutput, previous: TokenOutput | None, use_cache: bool) -> None:
         self.generation_tokens.labels(self.model_name).inc()

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
-MAX_STOP = 4  # stop strings per request, as TGI
+TIMEOUT_DOC = "our extension: seconds before the request is cut short (error_type timeout), at most --request-timeout"
 
 
 class Strict(BaseModel):
@@ -34,7 +34,7 @@ class GenerateParameters(Strict):
     top_k: int | None = Field(None, gt=0)
     top_p: float | None = Field(None, gt=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)
-    stop: list[NonEmptyStr] = Field(default_factory=list, max_length=MAX_STOP)
+    stop: list[NonEmptyStr] = Field(default_factory=list, description="at most --max-stop-sequences (4)")
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     do_sample: bool = False
     details: bool = False
@@ -44,6 +44,7 @@ class GenerateParameters(Strict):
     return_attention: bool = Field(False, description="our extension: attention weights of the first generated "
                                    "tokens in details.attention (turns details on)")
     ignore_eos: bool = Field(False, description="our extension (vLLM's): generate max_new_tokens whatever comes")
+    timeout: float | None = Field(None, gt=0, description=TIMEOUT_DOC)
     # TGI fields accepted at their neutral value only
     best_of: int | None = None
     decoder_input_details: bool = False
@@ -144,7 +145,7 @@ class CompletionRequest(Strict):
     max_tokens: int | None = Field(16, ge=1)
     temperature: float | None = Field(None, ge=0, le=2, description="default 1; 0 means greedy")
     top_p: float | None = Field(None, gt=0, le=1)
-    stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP)] | None = None
+    stop: NonEmptyStr | list[NonEmptyStr] | None = Field(None, description="at most --max-stop-sequences (4)")
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
@@ -163,6 +164,7 @@ class CompletionRequest(Strict):
     repetition_penalty: float | None = Field(None, gt=0)
     use_cache: bool = True
     ignore_eos: bool = False
+    timeout: float | None = Field(None, gt=0, description=TIMEOUT_DOC)
 
     @model_validator(mode="after")
     def _neutral_only(self) -> "CompletionRequest":

@@ -14,11 +14,15 @@ from server.scheduler import PrefillChunk, SchedulerOutput
 from server.sequence import Sequence
 
 
+NON_FINITE = "the model produced non-finite logits (NaN or inf) for this request"
+
+
 @dataclass
 class Sampled:
     seq: Sequence  # the request this token belongs to
     token_id: int  # the token sampled for it
     logprob: float  # its log-probability under the model's unmodified distribution
+    error: str | None = None  # set when this row's logits were unusable (NaN, inf): the token means nothing
 
 
 class ModelRunner:
@@ -48,9 +52,13 @@ class ModelRunner:
             seqs += batch.recompute
         if not seqs:
             return []
-        tokens, logprobs = sample(torch.cat(logits), [s.params for s in seqs], [s.generator for s in seqs],
+        all_logits = torch.cat(logits)  # (N, V)
+        broken = ~all_logits.isfinite().all(dim=-1)  # (N,): such a row fails its request, not the batch
+        all_logits = all_logits.masked_fill(broken[:, None], 0.0)
+        tokens, logprobs = sample(all_logits, [s.params for s in seqs], [s.generator for s in seqs],
                                   [self._history(s) for s in seqs])  # (N,), (N,)
-        return [Sampled(s, t, lp) for s, t, lp in zip(seqs, tokens.tolist(), logprobs.tolist())]
+        return [Sampled(s, t, lp, NON_FINITE if bad else None)
+                for s, t, lp, bad in zip(seqs, tokens.tolist(), logprobs.tolist(), broken.tolist())]
 
     def _prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor:
         """Ragged prompt chunks, right-padded with position -1. Returns each row's last logits (B, V)."""

@@ -67,6 +67,7 @@ class TokenOutput:
     special: bool
     finish_reason: str | None  # set on the last event: length, eos, stop, abort or error
     error: str | None = None  # the message when finish_reason == 'error'
+    error_type: str | None = None  # what kind of error: generation (default), shutdown, timeout
     stats: RequestStats | None = None  # on the last event
     time: float = field(default_factory=time.perf_counter)
 
@@ -130,11 +131,11 @@ class Sequence:
                            token_id in self._tokenizer.special_ids, self.finish_reason,
                            stats=self._finish_stats(now) if last else None, time=now)
 
-    def end(self, reason: str, error: str | None = None) -> TokenOutput:
+    def end(self, reason: str, error: str | None = None, error_type: str | None = None) -> TokenOutput:
         """The last event of a request stopped from outside: abort (cancelled) or error."""
         self.finish_reason = reason
         now = time.perf_counter()
-        return TokenOutput(self.request_id, 0, None, "", 0.0, False, reason, error=error,
+        return TokenOutput(self.request_id, 0, None, "", 0.0, False, reason, error=error, error_type=error_type,
                            stats=self._finish_stats(now), time=now)
 
     def _finish_stats(self, now: float) -> RequestStats:

@@ -9,10 +9,12 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
+from starlette.background import BackgroundTask
 
 from model.generate import PromptError
 from model.sampling import SamplingError, SamplingParams
@@ -31,26 +33,71 @@ LONG_TEXT = 16_384  # characters: longer prompts are tokenized off the event loo
 TGI_FINISH = {"length": "length", FINISH_EOS: "eos_token", FINISH_STOP: "stop_sequence"}
 OPENAI_FINISH = {"length": "length", FINISH_EOS: "stop", FINISH_STOP: "stop"}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+ERROR_STATUS = {"shutdown": 503, "timeout": 504}  # error_type of a failed generation -> status; else 500
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask of this server. Each refusal is a 4xx naming the flag that sets the limit
+    and is counted in /metrics as kvserve:request_rejected_total{reason=...}."""
+
+    max_body_bytes: int = 2_000_000  # --max-body-bytes: larger bodies get 413 before they are parsed
+    max_input_tokens: int | None = None  # --max-input-tokens (after `truncate`); None: the context less one
+    max_new_tokens: int | None = None  # --max-new-tokens; None: what the context leaves
+    max_stop_sequences: int = 4  # --max-stop-sequences, as TGI
+    max_stop_length: int = 256  # --max-stop-length, characters per stop string
+    request_timeout: float | None = None  # --request-timeout seconds: the default deadline and the most one may ask
+
+    def deadline(self, requested: float | None) -> float | None:
+        """Seconds this request may run: what it asked for, at most the server's limit."""
+        given = [t for t in (requested, self.request_timeout) if t is not None]
+        return min(given) if given else None
+
+    def check_stop(self, stop: list[str], field: str) -> None:
+        if len(stop) > self.max_stop_sequences:
+            raise APIError(422, f"{field}: {len(stop)} stop sequences; this server takes at most "
+                           f"{self.max_stop_sequences} (--max-stop-sequences)", "validation", reason="stop_sequences")
+        longest = max(stop, key=len, default="")
+        if len(longest) > self.max_stop_length:
+            raise APIError(422, f"{field}: a stop sequence of {len(longest)} characters; this server takes at "
+                           f"most {self.max_stop_length} (--max-stop-length)", "validation", reason="stop_sequences")
+
+    def check_prompt(self, prompt_len: int) -> None:
+        if self.max_input_tokens is not None and prompt_len > self.max_input_tokens:
+            raise APIError(422, f"the prompt has {prompt_len} tokens; this server takes at most "
+                           f"{self.max_input_tokens} (--max-input-tokens)", "validation", reason="prompt_too_long")
+
+    def check_new_tokens(self, max_new_tokens: int, field: str) -> None:
+        if self.max_new_tokens is not None and max_new_tokens > self.max_new_tokens:
+            raise APIError(422, f"{field} ({max_new_tokens}) is above this server's limit of "
+                           f"{self.max_new_tokens} (--max-new-tokens)", "validation", reason="max_new_tokens")
 
 
 class APIError(Exception):
-    """An answer other than 200, in TGI's shape: {"error": ..., "error_type": ...}."""
+    """An answer other than 200, in TGI's shape: {"error": ..., "error_type": ...}. `reason`, when set,
+    counts it in /metrics as a refusal (kvserve:request_rejected_total{reason=...})."""
 
-    def __init__(self, status: int, message: str, error_type: str, headers: dict[str, str] | None = None):
+    def __init__(self, status: int, message: str, error_type: str, headers: dict[str, str] | None = None,
+                 reason: str | None = None):
         super().__init__(message)
         self.status, self.message, self.error_type, self.headers = status, message, error_type, headers
+        self.reason = reason
 
     def response(self) -> JSONResponse:
         body = ErrorResponse(error=self.message, error_type=self.error_type).model_dump()
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
-def _params(**kw) -> SamplingParams:
-    """Also folds values too small for float32 sampling into their limit, as vLLM does: a temperature
-    below SAMPLING_EPS is greedy, a top_p below it keeps the best token only (both unchanged in meaning)."""
+def _params(vocab_size: int, **kw) -> SamplingParams:
+    """Also folds values out of the sampler's range into their limit, as vLLM does, unchanged in meaning:
+    a temperature below SAMPLING_EPS is greedy, a top_p below it keeps the best token only, a top_k
+    above the vocabulary keeps every token, and a repetition penalty beyond [SAMPLING_EPS, 1/SAMPLING_EPS]
+    (which would overflow float32 logits to inf) is held at that bound, where it already decides alone."""
     if 0 < kw["temperature"] < SAMPLING_EPS:
         kw["temperature"] = 0.0
     kw["top_p"] = max(kw["top_p"], SAMPLING_EPS)
+    kw["top_k"] = min(kw["top_k"], vocab_size)
+    kw["repetition_penalty"] = min(max(kw["repetition_penalty"], SAMPLING_EPS), 1 / SAMPLING_EPS)
     try:
         return SamplingParams(**kw)
     except SamplingError as e:
@@ -62,46 +109,53 @@ def _seed_for(sampling: bool, seed: int | None) -> int | None:
     return seed if seed is not None or not sampling else random.getrandbits(63)
 
 
-def tgi_sampling_params(p: GenerateParameters, prompt_len: int, context: int) -> SamplingParams:
+def tgi_sampling_params(p: GenerateParameters, prompt_len: int, engine: Engine,
+                        limits: Limits) -> SamplingParams:
     """TGI's rule: sampling happens when do_sample is true, or when temperature (!= 1), top_k or
     top_p (< 1) is given; otherwise decoding is greedy and those fields are ignored. A missing
-    max_new_tokens is min(100, context - prompt length)."""
+    max_new_tokens is min(100, context - prompt length, --max-new-tokens)."""
     sampling = p.do_sample or p.temperature not in (None, 1.0) or p.top_k is not None or p.top_p not in (None, 1.0)
-    max_new = p.max_new_tokens or max(1, min(DEFAULT_MAX_NEW_TOKENS, context - prompt_len))
-    return _params(max_new_tokens=max_new, temperature=(p.temperature or 1.0) if sampling else 0.0,
+    cap = limits.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+    max_new = p.max_new_tokens or max(1, min(DEFAULT_MAX_NEW_TOKENS, engine.context_length - prompt_len, cap))
+    limits.check_new_tokens(max_new, "parameters.max_new_tokens")
+    return _params(engine.config.vocab_size, max_new_tokens=max_new,
+                   temperature=(p.temperature or 1.0) if sampling else 0.0,
                    top_k=(p.top_k or 0) if sampling else 0, top_p=(p.top_p or 1.0) if sampling else 1.0,
                    repetition_penalty=p.repetition_penalty or 1.0, seed=_seed_for(sampling, p.seed),
                    stop=tuple(p.stop), ignore_eos=p.ignore_eos)
 
 
-def openai_sampling_params(r: CompletionRequest) -> SamplingParams:
+def openai_sampling_params(r: CompletionRequest, engine: Engine, limits: Limits) -> SamplingParams:
     """OpenAI's rule: temperature defaults to 1 (sampling); temperature 0 is greedy."""
     temperature = 1.0 if r.temperature is None else r.temperature
-    return _params(max_new_tokens=r.max_tokens or 16, temperature=temperature, top_k=r.top_k or 0,
-                   top_p=r.top_p or 1.0, repetition_penalty=r.repetition_penalty or 1.0,
-                   seed=_seed_for(temperature > 0, r.seed), stop=tuple(r.stop_list),
-                   ignore_eos=r.ignore_eos)
+    limits.check_new_tokens(r.max_tokens or 16, "max_tokens")
+    return _params(engine.config.vocab_size, max_new_tokens=r.max_tokens or 16, temperature=temperature,
+                   top_k=r.top_k or 0, top_p=r.top_p or 1.0, repetition_penalty=r.repetition_penalty or 1.0,
+                   seed=_seed_for(temperature > 0, r.seed), stop=tuple(r.stop_list), ignore_eos=r.ignore_eos)
 
 
 class Generation:
     """One engine request owned by a handler: submitted at construction (so a refusal is an HTTP
-    status, not a broken stream), consumed by `events`, cancelled when the client disconnects."""
+    status, not a broken stream), consumed by `events`, cancelled when the client disconnects or when
+    `timeout` seconds have passed (then its last event is an error of type 'timeout')."""
 
     def __init__(self, engine: Engine, metrics: Metrics, prompt_ids: list[int], params: SamplingParams,
-                 use_cache: bool, *, max_tokens_field: str = "max_new_tokens") -> None:
+                 use_cache: bool, *, timeout: float | None = None, max_tokens_field: str = "max_new_tokens") -> None:
         self.metrics, self.prompt_ids, self.params, self.use_cache = metrics, prompt_ids, params, use_cache
+        self.timeout, self.expired = timeout, False
         try:
             self.stream = engine.stream(prompt_ids, params, use_cache=use_cache)
         except PromptError as e:
-            raise APIError(422, str(e).replace("max_new_tokens", max_tokens_field), "validation") from e
+            raise APIError(422, str(e).replace("max_new_tokens", max_tokens_field), "validation",
+                           reason="context_length") from e
         except QueueFullError as e:
-            metrics.on_rejected()
-            raise APIError(429, str(e), "overloaded", headers={"Retry-After": "1"}) from e
+            raise APIError(429, str(e), "overloaded", headers={"Retry-After": "1"}, reason="queue_full") from e
         except EngineStoppedError as e:
-            raise APIError(503, str(e), "unavailable") from e
+            raise APIError(503, str(e), "unavailable", headers={"Retry-After": "5"}, reason="shutting_down") from e
 
     async def events(self, request: Request) -> AsyncIterator[TokenOutput]:
         watcher = asyncio.ensure_future(self._cancel_on_disconnect(request))
+        deadline = asyncio.get_running_loop().call_later(self.timeout, self._expire) if self.timeout else None
         previous = None
         try:
             async for out in self.stream:
@@ -109,10 +163,16 @@ class Generation:
                     self.metrics.on_token(out, previous, self.use_cache)
                 if out.finished:
                     self.metrics.on_finish(out.finish_reason, len(self.prompt_ids), out.stats, self.use_cache)
+                    if self.expired and out.finish_reason == FINISH_ABORT:
+                        out = replace(out, finish_reason=FINISH_ERROR, error_type="timeout", error=(
+                            f"the request ran past its deadline of {self.timeout:g} s "
+                            "(parameters.timeout / --request-timeout)"))
                 previous = out
                 yield out
         finally:
             watcher.cancel()
+            if deadline is not None:
+                deadline.cancel()
             if not self.stream.done:  # the consumer left early: the client is gone
                 self.stream.cancel()
                 self.metrics.on_finish(FINISH_ABORT, len(self.prompt_ids), None, self.use_cache)
@@ -121,7 +181,8 @@ class Generation:
         outs = [out async for out in self.events(request)]
         final = outs[-1]
         if final.finish_reason == FINISH_ERROR:
-            raise APIError(500, final.error or "generation failed", "generation")
+            error_type = final.error_type or "generation"
+            raise APIError(ERROR_STATUS.get(error_type, 500), final.error or "generation failed", error_type)
         if final.finish_reason == FINISH_ABORT:
             raise APIError(503, "the request was cancelled", "cancelled")
         return outs
@@ -130,6 +191,16 @@ class Generation:
         while (await request.receive())["type"] != "http.disconnect":
             pass
         self.stream.cancel()
+
+    def _expire(self) -> None:
+        if not self.stream.done:
+            self.expired = True
+            self.metrics.on_rejected("timeout")
+            self.stream.cancel()
+
+
+def error_event(out: TokenOutput) -> str:
+    return sse(ErrorResponse(error=out.error or "generation failed", error_type=out.error_type or "generation"))
 
 
 def sse(data: BaseModel | dict | str) -> str:
@@ -140,8 +211,11 @@ def sse(data: BaseModel | dict | str) -> str:
     return f"data: {data}\n\n"
 
 
-def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+def sse_response(events: AsyncIterator[str], gen: Generation) -> StreamingResponse:
+    """`gen` is cancelled once the response is over, also when the client left before its first event
+    (then `events` never started, so its own cleanup never runs)."""
+    return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS,
+                             background=BackgroundTask(gen.stream.cancel))
 
 
 async def _guarded(events: AsyncIterator[str], error_type: str = "generation") -> AsyncIterator[str]:
@@ -178,17 +252,19 @@ async def _tgi_prompt(engine: Engine, body: GenerateRequest) -> list[int]:
     return ids[-body.parameters.truncate:] if body.parameters.truncate else ids
 
 
-async def tgi_generate(request: Request, body: GenerateRequest, engine: Engine, metrics: Metrics, *,
-                       stream: bool, as_list: bool = False):
+async def tgi_generate(request: Request, body: GenerateRequest, engine: Engine, metrics: Metrics, limits: Limits,
+                       *, stream: bool, as_list: bool = False):
     """TGI's /generate (`as_list` for the `/` route, which answers a one-element list)."""
-    prompt_ids = await _tgi_prompt(engine, body)
     p = body.parameters
-    gen = Generation(engine, metrics, prompt_ids, tgi_sampling_params(p, len(prompt_ids), engine.context_length),
-                     p.use_cache)
+    limits.check_stop(p.stop, "parameters.stop")
+    prompt_ids = await _tgi_prompt(engine, body)
+    limits.check_prompt(len(prompt_ids))
+    gen = Generation(engine, metrics, prompt_ids, tgi_sampling_params(p, len(prompt_ids), engine, limits),
+                     p.use_cache, timeout=limits.deadline(p.timeout))
     prefix = body.inputs if p.return_full_text else ""
     attention = (lambda ids: attention_of_generation(engine, prompt_ids, ids)) if p.return_attention else None
     if stream:
-        return sse_response(_guarded(_tgi_events(gen.events(request), prefix, len(prompt_ids), attention)))
+        return sse_response(_guarded(_tgi_events(gen.events(request), prefix, len(prompt_ids), attention)), gen)
     outs = await gen.collect(request)
     final = outs[-1]
     text = prefix + "".join(o.text for o in outs)
@@ -209,7 +285,7 @@ async def _tgi_events(events: AsyncIterator[TokenOutput], prefix: str, input_len
     async for out in events:
         if out.token_id is None:  # error or abort: no token to send
             if out.finish_reason == FINISH_ERROR:
-                yield sse(ErrorResponse(error=out.error or "generation failed", error_type="generation"))
+                yield error_event(out)
             return
         texts.append(out.text)
         output_ids.append(out.token_id)
@@ -236,16 +312,18 @@ def _logprobs(outs: list[TokenOutput], offset: int) -> CompletionLogprobs:
 
 
 async def openai_completion(request: Request, body: CompletionRequest, engine: Engine, metrics: Metrics,
-                            model_name: str):
+                            limits: Limits, model_name: str):
     if body.model != model_name:
         raise APIError(404, f"model {body.model!r} does not exist; this server serves {model_name!r}", "not_found")
+    limits.check_stop(body.stop_list, "stop")
     prompt_ids = await encode(engine, body.prompt_text)
-    gen = Generation(engine, metrics, prompt_ids, openai_sampling_params(body), body.use_cache,
-                     max_tokens_field="max_tokens")
+    limits.check_prompt(len(prompt_ids))
+    gen = Generation(engine, metrics, prompt_ids, openai_sampling_params(body, engine, limits), body.use_cache,
+                     timeout=limits.deadline(body.timeout), max_tokens_field="max_tokens")
     head = CompletionResponse(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=model_name, choices=[])
     echo = body.prompt_text if body.echo else ""
     if body.stream:
-        return sse_response(_guarded(_openai_events(gen.events(request), head, body, echo, len(prompt_ids))))
+        return sse_response(_guarded(_openai_events(gen.events(request), head, body, echo, len(prompt_ids))), gen)
     outs = await gen.collect(request)
     final = outs[-1]
     choice = CompletionChoice(text=echo + "".join(o.text for o in outs), finish_reason=OPENAI_FINISH[final.finish_reason],
@@ -265,7 +343,7 @@ async def _openai_events(events: AsyncIterator[TokenOutput], head: CompletionRes
     async for out in events:
         if out.token_id is None:
             if out.finish_reason == FINISH_ERROR:
-                yield sse(ErrorResponse(error=out.error or "generation failed", error_type="generation"))
+                yield error_event(out)
                 yield "data: [DONE]\n\n"
             return
         generated += 1

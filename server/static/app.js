@@ -6,6 +6,9 @@ import { AttentionView } from "./attention.js";
 const $ = (id) => document.getElementById(id);
 const MAX_STOP = 4; // the server's limit
 
+// The server's key when it has one (--api-key): the page itself is public, its API calls are not.
+const authHeaders = () => ($("api-key").value ? { Authorization: `Bearer ${$("api-key").value}` } : {});
+
 let running = null; // { controller, started, firstToken, count } while a generation streams
 let attentionView = null;
 
@@ -89,7 +92,7 @@ async function generate() {
   try {
     const response = await fetch("/generate_stream", {
       method: "POST",
-      headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+      headers: { "Content-Type": "application/json", Accept: "text/event-stream", ...authHeaders() },
       body: JSON.stringify(body),
       signal: controller.signal,
     });
@@ -125,7 +128,12 @@ function finish(details) {
 
 async function showModelInfo() {
   try {
-    const info = await (await fetch("/info")).json();
+    const response = await fetch("/info", { headers: authHeaders() });
+    if (response.status === 401) {
+      $("model-info").textContent = "this server needs an API key: enter it below";
+      return;
+    }
+    const info = await response.json();
     $("model-info").textContent = `${info.model_id} · ${info.model_device_type} · ${info.model_dtype} · context ${info.max_total_tokens}`;
   } catch {
     $("model-info").textContent = "server not ready";
@@ -143,6 +151,7 @@ $("request-form").addEventListener("submit", (event) => {
   else generate();
 });
 $("decoding").addEventListener("change", syncDecoding);
+$("api-key").addEventListener("change", showModelInfo);
 $("show-attention").addEventListener("click", () => attentionView?.show());
 syncDecoding();
 showModelInfo();

@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -57,9 +61,10 @@ class LiveServer:
         return 0.0
 
 
-def serve(checkpoint, **engine_kw) -> LiveServer:
+def serve(checkpoint, app_kw: dict | None = None, **engine_kw) -> LiveServer:
+    """`app_kw` goes to create_app (limits, api_key...), the rest to EngineArgs."""
     args = EngineArgs(checkpoint=checkpoint, device=TEST_DEVICE, threads=1, **engine_kw)
-    return LiveServer(create_app(lambda: Engine.from_args(args), model_name="tiny")).start()
+    return LiveServer(create_app(lambda: Engine.from_args(args), model_name="tiny", **(app_kw or {}))).start()
 
 
 @pytest.fixture(scope="session")
@@ -94,3 +99,51 @@ def wait_for(condition, what: str, timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
+
+
+class ServerProcess:
+    """`python -m server` as a child process on a free 127.0.0.1 port (for tests of the process itself:
+    signals, exit status, memory)."""
+
+    def __init__(self, checkpoint, *flags: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "server", "--checkpoint", str(checkpoint), "--port", str(port),
+               "--device", TEST_DEVICE, "--threads", "1", "--log-level", "warning", *flags]
+        self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a full pipe would stall the server
+        self.proc = subprocess.Popen(cmd, cwd=Path(__file__).parents[2], stdout=self.log, stderr=subprocess.STDOUT,
+                                     text=True)
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def wait_healthy(self, timeout: float = 120.0) -> "ServerProcess":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"the server exited: {self.output()}"
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server at {self.url} did not become healthy in {timeout}s")
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the server process, from /proc (Linux)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    def metric(self, name: str, **labels) -> float:
+        return LiveServer.metric(self, name, **labels)  # same parsing, same `url`
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        self.log.close()

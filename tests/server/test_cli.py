@@ -1,6 +1,8 @@
 """`python -m server`: flags and refusal of an incomplete checkpoint."""
 from __future__ import annotations
 
+import pytest
+
 from model.checkpoint import DEFAULT_CHECKPOINT
 from server.__main__ import main, parse_args
 
@@ -20,3 +22,28 @@ def test_an_incomplete_checkpoint_exits_2_with_a_message(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")
     assert main(["--checkpoint", str(tmp_path)]) == 2
     assert "missing model.safetensors, tokenizer.json" in capsys.readouterr().err
+
+
+def test_security_and_limit_flags_parse(monkeypatch):
+    monkeypatch.delenv("KVSERVE_API_KEY", raising=False)
+    args = parse_args([])
+    assert (args.api_key, args.cors_origin, args.max_body_bytes, args.max_stop_sequences, args.request_timeout,
+            args.shutdown_grace) == (None, [], 2_000_000, 4, None, 30.0)
+    args = parse_args(["--api-key", "k", "--cors-origin", "http://a", "--cors-origin", "http://b",
+                       "--max-body-bytes", "10", "--max-input-tokens", "5", "--max-new-tokens", "6",
+                       "--max-stop-sequences", "2", "--max-stop-length", "9", "--request-timeout", "1.5",
+                       "--shutdown-grace", "0"])
+    assert (args.api_key, args.cors_origin, args.max_body_bytes, args.max_input_tokens, args.max_new_tokens,
+            args.max_stop_sequences, args.max_stop_length, args.request_timeout, args.shutdown_grace) == (
+        "k", ["http://a", "http://b"], 10, 5, 6, 2, 9, 1.5, 0.0)
+
+
+def test_the_api_key_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("KVSERVE_API_KEY", "from-env")
+    assert parse_args([]).api_key == "from-env"
+
+
+def test_a_limit_of_zero_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--max-new-tokens", "0"])
+    assert "must be > 0" in capsys.readouterr().err

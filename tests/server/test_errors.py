@@ -27,7 +27,7 @@ BAD_GENERATE = [
     ({"inputs": "x", "parameters": {"top_k": 0}}, "parameters.top_k: Input should be greater than 0"),
     ({"inputs": "x", "parameters": {"repetition_penalty": -1}}, "parameters.repetition_penalty: Input should be greater than 0"),
     ({"inputs": "x", "parameters": {"seed": -1}}, "parameters.seed: Input should be greater than or equal to 0"),
-    ({"inputs": "x", "parameters": {"stop": ["a", "b", "c", "d", "e"]}}, "parameters.stop: List should have at most 4 items"),
+    ({"inputs": "x", "parameters": {"stop": ["a", "b", "c", "d", "e"]}}, "parameters.stop: 5 stop sequences; this server takes at most 4 (--max-stop-sequences)"),
     ({"inputs": "x", "parameters": {"stop": [""]}}, "parameters.stop.0: String should have at least 1 character"),
     ({"inputs": "x", "parameters": {"best_of": 2}}, "best_of=2 is not supported"),
     ({"inputs": "x", "parameters": {"use_cache": "sometimes"}}, "parameters.use_cache: Input should be a valid boolean"),
@@ -74,7 +74,7 @@ def test_unknown_route_answers_in_the_error_shape(live):
 def test_queue_overflow_is_refused_at_once_with_429(small_live):
     engine = small_live.engine
     body = {"inputs": "To be", "parameters": {"max_new_tokens": 3}}
-    rejected = small_live.metric("kvserve:request_rejected_total")
+    rejected = small_live.metric("kvserve:request_rejected_total", reason="queue_full")
     with engine.paused():  # no step runs: requests pile up until the 1 slot + 1 waiting place are taken
         pending = [threading.Thread(target=httpx.post, args=(small_live.url + "/generate",), kwargs={
             "json": body, "timeout": 60}) for _ in range(2)]
@@ -86,7 +86,7 @@ def test_queue_overflow_is_refused_at_once_with_429(small_live):
         assert r.json()["error_type"] == "overloaded" and "max 1" in r.json()["error"]
     for t in pending:
         t.join(60)
-    assert small_live.metric("kvserve:request_rejected_total") == rejected + 1
+    assert small_live.metric("kvserve:request_rejected_total", reason="queue_full") == rejected + 1
     assert httpx.post(small_live.url + "/generate", json=body, timeout=60).status_code == 200
 
 
