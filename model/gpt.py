@@ -188,7 +188,9 @@ class GPT(nn.Module):
         x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x, batch)
-        if logits_index is not None:
+        if logits_index is not None and T == 1:
+            x = x[:, 0]  # (B, C): a decode step, no gather needed
+        elif logits_index is not None:
             x = x[torch.arange(B, device=x.device), logits_index]  # (B, C)
         x = self.transformer.ln_f(x)
         if self.head_t is not None and not self.training:
@@ -213,7 +215,7 @@ class GPT(nn.Module):
         if slots is None:
             slots = slice(0, B)
         kv_len = cache.max_len if kv_len is None else kv_len
-        columns = torch.arange(kv_len, device=positions.device)  # (K,)
+        columns = cache.columns[:kv_len]  # (K,)
         mask = columns[None, None, :] <= positions[:, :, None]  # (B, T, K); padding (-1) sees nothing
         write_pos = torch.where(valid, positions, cache.scratch_column)  # (B, T)
         return AttentionBatch(mask=mask[:, None], cache=cache, slots=slots, write_pos=write_pos, kv_len=kv_len)

@@ -36,6 +36,7 @@ class KVCache:
         shape = (config.n_layer, num_slots, config.n_head, self.max_len + 1, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, S, nh, max_len + 1, hs)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, S, nh, max_len + 1, hs)
+        self.columns = torch.arange(self.max_len + 1, device=device)  # column indices, for masks
         self._free: list[int] = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
 
     @property
