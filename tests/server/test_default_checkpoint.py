@@ -4,14 +4,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from model.checkpoint import DEFAULT_CHECKPOINT
 from model.generate import generate
 from model.sampling import SamplingParams
 from tests.server.conftest import serve, sse_events
 
-# Until the training run writes model.safetensors the default_checkpoint fixture would fail every test here.
-pytestmark = pytest.mark.skipif(not (DEFAULT_CHECKPOINT / "model.safetensors").exists(),
-                                reason="the default checkpoint has no model.safetensors yet (training)")
 PROMPTS = ["ROMEO:", "JULIET:\nO Romeo, Romeo!"]
 
 
