@@ -135,8 +135,8 @@ class GPT(nn.Module):
                 ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon),
             )
         )
-        # (C, V) contiguous copy of the tied embedding for inference: `x @ head_t` reads it about twice
-        # as fast as F.linear reads (V, C) on the CPU. Set by prepare_for_inference(), never saved.
+        # (C, V) copy of the tied embedding for inference, in a wider float type: see prepare_for_inference.
+        # Never saved.
         self.register_buffer("head_t", None, persistent=False)
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2: residual projections scaled by depth
@@ -151,9 +151,18 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def prepare_for_inference(self) -> "GPT":
-        """Eval mode plus the inference-only weight layouts; call again after changing the weights."""
+        """Eval mode plus the inference-only head; call again after changing the weights or the dtype.
+
+        The head multiplies by a contiguous (C, V) copy of the embedding (which `x @ w` reads faster
+        than F.linear reads (V, C) on the CPU), held in the next wider float type. Its logits are large
+        (|logit| ~ 15), and a float32 reduction over C rounds differently in the one-row kernel a decode
+        step uses than in the many-row kernel of a full recompute: ~1.5e-5 apart. Accumulating wider
+        keeps cached and uncached logits within 1e-5 of each other, at about twice the head's cost.
+        """
         self.eval()
-        self.head_t = self.transformer.wte.weight.detach().t().contiguous()  # (C, V)
+        weight = self.transformer.wte.weight.detach()
+        wider = {torch.float16: torch.float32, torch.bfloat16: torch.float32}.get(weight.dtype, torch.float64)
+        self.head_t = weight.t().to(wider).contiguous()  # (C, V)
         return self
 
     def num_parameters(self) -> int:
@@ -194,7 +203,7 @@ class GPT(nn.Module):
             x = x[torch.arange(B, device=x.device), logits_index]  # (B, C)
         x = self.transformer.ln_f(x)
         if self.head_t is not None and not self.training:
-            return x @ self.head_t  # (B, [T,] V)
+            return (x.to(self.head_t.dtype) @ self.head_t).to(x.dtype)  # (B, [T,] V)
         return F.linear(x, self.transformer.wte.weight)  # (B, [T,] V), tied head
 
     def _attention_batch(self, input_ids, positions, cache, slots, kv_len) -> AttentionBatch:
