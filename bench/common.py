@@ -96,6 +96,8 @@ def write_result(name: str, result: dict, out: str | None) -> Path:
     folder = Path(out) if out else RESULTS_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    text = json.dumps(result, indent=2) + "\n"
+    repo = str(Path(__file__).resolve().parents[1])
+    path.write_text(text.replace(repo + "/", "").replace(repo, "."))  # paths relative to the repo, not this machine
     print(f"wrote {path}")
     return path

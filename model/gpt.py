@@ -37,6 +37,7 @@ class AttentionBatch:
     mask: torch.Tensor | None  # (B, 1, T, K) bool, True = may attend; None = plain causal
     cache: KVCache | None  # where keys/values live across steps; None = recompute
     slots: torch.Tensor | slice | None  # (B,) cache slot per row (a slice reads without a gather)
+    rows: torch.Tensor | None  # (B,) the same slots as a tensor, for the in-place writes
     write_pos: torch.Tensor | None  # (B, T) cache column each token writes (padding -> scratch)
     kv_len: int  # cache columns attended over (K)
     attention_out: list[torch.Tensor] | None = None  # when a list, each layer appends its weights (B, nh, T, K)
@@ -89,13 +90,10 @@ class CausalSelfAttention(nn.Module):
     def _write_and_read_cache(self, k, v, batch: AttentionBatch) -> tuple[torch.Tensor, torch.Tensor]:
         k_cache = batch.cache.k[self.layer_idx]  # (S, nh, max_len + 1, hs)
         v_cache = batch.cache.v[self.layer_idx]
-        slots = batch.slots
-        rows = slots if isinstance(slots, torch.Tensor) else torch.arange(
-            slots.start, slots.stop, device=k.device
-        )
-        k_cache[rows[:, None], :, batch.write_pos] = k  # in place at each row's own positions
-        v_cache[rows[:, None], :, batch.write_pos] = v
-        return k_cache[slots, :, : batch.kv_len], v_cache[slots, :, : batch.kv_len]  # (B, nh, K, hs)
+        rows = batch.rows[:, None]  # (B, 1)
+        k_cache[rows, :, batch.write_pos] = k  # in place at each row's own positions
+        v_cache[rows, :, batch.write_pos] = v
+        return k_cache[batch.slots, :, : batch.kv_len], v_cache[batch.slots, :, : batch.kv_len]  # (B, nh, K, hs)
 
 
 class MLP(nn.Module):
@@ -213,18 +211,20 @@ class GPT(nn.Module):
                 raise ValueError("a cached forward needs explicit positions")
             if T > self.config.n_positions:
                 raise ValueError(f"sequence length {T} exceeds the context {self.config.n_positions}")
-            return AttentionBatch(mask=None, cache=None, slots=None, write_pos=None, kv_len=T)
+            return AttentionBatch(mask=None, cache=None, slots=None, rows=None, write_pos=None, kv_len=T)
         if positions.shape != input_ids.shape:
             raise ValueError(f"positions {tuple(positions.shape)} must match input_ids {tuple(input_ids.shape)}")
         valid = positions >= 0  # (B, T)
         if cache is None:
             visible = positions[:, None, :] <= positions[:, :, None]  # (B, T_q, T_k)
             mask = visible & valid[:, None, :] & valid[:, :, None]  # (B, T, T)
-            return AttentionBatch(mask=mask[:, None], cache=None, slots=None, write_pos=None, kv_len=T)
+            return AttentionBatch(mask=mask[:, None], cache=None, slots=None, rows=None, write_pos=None, kv_len=T)
         if slots is None:
             slots = slice(0, B)
         kv_len = cache.max_len if kv_len is None else kv_len
         columns = cache.columns[:kv_len]  # (K,)
         mask = columns[None, None, :] <= positions[:, :, None]  # (B, T, K); padding (-1) sees nothing
         write_pos = torch.where(valid, positions, cache.scratch_column)  # (B, T)
-        return AttentionBatch(mask=mask[:, None], cache=cache, slots=slots, write_pos=write_pos, kv_len=kv_len)
+        rows = slots if isinstance(slots, torch.Tensor) else torch.arange(slots.start, slots.stop, device=positions.device)
+        return AttentionBatch(mask=mask[:, None], cache=cache, slots=slots, rows=rows, write_pos=write_pos,
+                              kv_len=kv_len)

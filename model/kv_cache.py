@@ -1,6 +1,8 @@
 """A preallocated key/value cache with slots: one slot per sequence, written in place by position."""
 from __future__ import annotations
 
+import heapq
+
 import torch
 
 from model.config import GPTConfig
@@ -37,7 +39,9 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, S, nh, max_len + 1, hs)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, S, nh, max_len + 1, hs)
         self.columns = torch.arange(self.max_len + 1, device=device)  # column indices, for masks
-        self._free: list[int] = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
+        # A heap: the lowest free slot goes first, which keeps running slots packed at the front, so a
+        # batch's slots are often one contiguous range and attention reads them without a gather.
+        self._free: list[int] = list(range(num_slots))
 
     @property
     def scratch_column(self) -> int:
@@ -54,14 +58,14 @@ class KVCache:
     def allocate(self) -> int:
         if not self._free:
             raise CacheFullError(f"all {self.num_slots} KV-cache slots are in use")
-        return self._free.pop()
+        return heapq.heappop(self._free)
 
     def free(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"slot {slot} out of range [0, {self.num_slots})")
         if slot in self._free:
             raise ValueError(f"slot {slot} is already free")
-        self._free.append(slot)
+        heapq.heappush(self._free, slot)
 
     def bytes_per_token(self) -> int:
         """Cache bytes one token of one sequence occupies (keys and values, all layers)."""
@@ -73,3 +77,10 @@ class KVCache:
 
     def total_bytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
+
+
+def slot_index(slots: list[int]) -> slice | None:
+    """The slots as a slice when they are one ascending contiguous range (read as a view), else None."""
+    if slots and slots == list(range(slots[0], slots[0] + len(slots))):
+        return slice(slots[0], slots[0] + len(slots))
+    return None

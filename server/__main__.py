@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sec.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                      help="a browser origin allowed to call the API, e.g. http://localhost:3000 (repeatable; "
                           "default: none, CORS off)")
-    lim = ap.add_argument_group("limits (each refusal names its flag; see "Limits and security" in README.md)")
+    lim = ap.add_argument_group("limits (each refusal names its flag; see 'Limits and security' in README.md)")
     lim.add_argument("--max-body-bytes", type=_at_least(int, 0), default=2_000_000,
                      help="larger request bodies get 413")
     lim.add_argument("--max-input-tokens", type=_at_least(int, 0), default=None,

@@ -8,7 +8,7 @@ import torch
 
 from model.generate import decode_one_token, prefill
 from model.gpt import GPT
-from model.kv_cache import KVCache
+from model.kv_cache import KVCache, slot_index
 from model.sampling import sample
 from server.scheduler import PrefillChunk, SchedulerOutput
 from server.sequence import Sequence
@@ -45,8 +45,9 @@ class ModelRunner:
                 logits.append(chunk_logits[torch.tensor(done, device=self.device)])  # (d, V)
                 seqs += [batch.prefill[i].seq for i in done]
         if batch.decode:
-            logits.append(self._decode(batch.decode))  # (b, V)
-            seqs += batch.decode
+            decode = sorted(batch.decode, key=lambda s: s.slot)  # in slot order, often one contiguous range
+            logits.append(self._decode(decode))  # (b, V)
+            seqs += decode
         if batch.recompute:
             logits.append(self._recompute(batch.recompute))  # (b, V)
             seqs += batch.recompute
@@ -70,18 +71,16 @@ class ModelRunner:
             ids[i, :n] = torch.tensor(c.seq.prompt_ids[c.start:c.end])
             positions[i, :n] = torch.arange(c.start, c.end)
         last = torch.tensor([c.end - c.start - 1 for c in chunks])  # (B,)
-        slots = torch.tensor([c.seq.slot for c in chunks])  # (B,)
         kv_len = max(c.end for c in chunks)  # attend only over columns some row has written
         return prefill(self.model, self.cache, ids.to(self.device), positions.to(self.device),
-                       slots.to(self.device), last.to(self.device), kv_len=kv_len)  # (B, V)
+                       self._slots([c.seq.slot for c in chunks]), last.to(self.device), kv_len=kv_len)  # (B, V)
 
     def _decode(self, seqs: list[Sequence]) -> torch.Tensor:
         tokens = torch.tensor([s.output_ids[-1] for s in seqs])  # (B,)
         positions = torch.tensor([len(s.prompt_ids) + len(s.output_ids) - 1 for s in seqs])  # (B,)
-        slots = torch.tensor([s.slot for s in seqs])  # (B,)
         kv_len = int(positions.max()) + 1
         return decode_one_token(self.model, self.cache, tokens.to(self.device), positions.to(self.device),
-                                slots.to(self.device), kv_len=kv_len)  # (B, V)
+                                self._slots([s.slot for s in seqs]), kv_len=kv_len)  # (B, V)
 
     def _recompute(self, seqs: list[Sequence]) -> torch.Tensor:
         """The whole sequence of every row again through the uncached ragged path (no KV cache)."""
@@ -94,6 +93,10 @@ class ModelRunner:
             positions[i, : len(r)] = torch.arange(len(r))
         last = torch.tensor([len(r) - 1 for r in rows])  # (B,)
         return self.model(ids.to(self.device), positions.to(self.device), logits_index=last.to(self.device))  # (B, V)
+
+    def _slots(self, slots: list[int]) -> slice | torch.Tensor:
+        """A slice when the slots are one contiguous range (attention reads a view), else a tensor (a gather)."""
+        return slot_index(slots) or torch.tensor(slots, device=self.device)
 
     def _history(self, seq: Sequence) -> torch.Tensor:
         if seq.params.repetition_penalty == 1.0:

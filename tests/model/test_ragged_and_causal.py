@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from model.generate import decode_one_token, prefill
-from model.kv_cache import KVCache
+from model.kv_cache import KVCache, slot_index
 
 
 def test_ragged_batch_prefill_and_decode_match_each_sequence_alone(tiny_model):
@@ -81,3 +81,11 @@ def test_padding_tokens_never_overwrite_a_real_cache_position(tiny_model):
         alone = KVCache(tiny_model.config, num_slots=1, max_len=16)
         prefill(tiny_model, alone, ids[:1], pos[:1], torch.tensor([0]), torch.tensor([15]))
     torch.testing.assert_close(cache.k[:, 0, :, :16], alone.k[:, 0, :, :16], atol=1e-6, rtol=0)
+
+
+def test_slots_are_handed_out_lowest_first_and_read_as_a_slice_when_contiguous(tiny_model):
+    cache = KVCache(tiny_model.config, num_slots=4)
+    assert [cache.allocate() for _ in range(3)] == [0, 1, 2]
+    cache.free(1)
+    assert cache.allocate() == 1, "a freed low slot is reused before higher ones"
+    assert slot_index([1, 2, 3]) == slice(1, 4) and slot_index([0, 2]) is None and slot_index([2, 1]) is None
