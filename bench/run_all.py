@@ -11,7 +11,7 @@ import time
 
 from bench.common import base_parser, machine_info, resolve, write_result
 
-BENCHMARKS = ("cache_speedup", "vs_transformers", "memory", "serving")
+BENCHMARKS = ("bandwidth", "cache_speedup", "vs_transformers", "memory", "serving")
 
 
 def main(argv: list[str] | None = None) -> int:
