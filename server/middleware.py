@@ -10,7 +10,8 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 PUBLIC_PATHS = ("/health",)  # open without the key, for load balancers and orchestrators
-PUBLIC_PAGE = ("/", "/static/")  # the playground page and its files: no data in them; the API calls need the key
+PUBLIC_PAGE = ("/", "/static/")
+DRAIN_LIMIT = 64 * 2**20  # bytes of a refused body read and dropped so that the 413 reaches the client  # the playground page and its files: no data in them; the API calls need the key
 
 
 async def send_error(send: Send, status: int, message: str, error_type: str,
@@ -72,7 +73,7 @@ class BodySizeLimit:
             return
         declared = _header(scope, b"content-length")
         if declared is not None and declared.strip().isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send)
+            await self._refuse(send, receive)
             return
         chunks, size = [], 0
         while True:
@@ -82,7 +83,7 @@ class BodySizeLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await self._refuse(send)
+                await self._refuse(send, receive if message.get("more_body", False) else None)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -98,7 +99,18 @@ class BodySizeLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, send: Send, receive: Receive | None) -> None:
+        """Discards what is left of the body (up to DRAIN_LIMIT bytes) before answering: a server that
+        closes a connection with unread bytes in it resets it, and the client then sees a broken
+        connection instead of the 413. Past the limit the connection is closed all the same."""
+        drained = 0
+        while receive is not None and drained < DRAIN_LIMIT:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left: no one to answer
+            drained += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
         self.on_reject("body_too_large")
         await send_error(send, 413, f"the request body is larger than the limit of {self.max_bytes} bytes "
                          "(--max-body-bytes)", "body_too_large", headers={"Connection": "close"})
