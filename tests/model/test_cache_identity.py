@@ -4,11 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from model.checkpoint import load_model
 from model.config import GPTConfig
 from model.generate import decode_one_token, generate, prefill
 from model.gpt import GPT
 from model.kv_cache import KVCache
 from model.sampling import SamplingParams
+from tests.conftest import TEST_DEVICE
 
 
 def cached_vs_full_logits(model: GPT, ids: torch.Tensor, prompt_len: int, slot: int = 1, kv_len=None):
@@ -39,7 +41,9 @@ def test_random_model_cached_logits_match_full_recompute(dtype, atol):
     assert steps == 131  # prefill + 130 decode steps
 
 
-def test_default_model_cached_logits_match_full_recompute(default_model, default_tokenizer):
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
+def test_default_model_cached_logits_match_full_recompute(default_checkpoint, default_tokenizer, dtype, atol):
+    model = load_model(default_checkpoint, device=TEST_DEVICE, dtype=dtype)
     ids = torch.tensor([default_tokenizer.encode(
         "ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and Juliet is the sun. "
         "Arise, fair sun, and kill the envious moon, who is already sick and pale with grief, "
@@ -49,8 +53,8 @@ def test_default_model_cached_logits_match_full_recompute(default_model, default
     )])
     assert ids.shape[1] >= 110
     with torch.inference_mode():
-        for t, cached, full in cached_vs_full_logits(default_model, ids, prompt_len=8, kv_len=None):
-            torch.testing.assert_close(cached, full, atol=1e-5, rtol=0, msg=lambda m: f"step {t}: {m}")
+        for t, cached, full in cached_vs_full_logits(model, ids, prompt_len=8, kv_len=None):
+            torch.testing.assert_close(cached, full, atol=atol, rtol=0, msg=lambda m: f"step {t}: {m}")
 
 
 def test_attending_over_only_the_filled_columns_changes_nothing(tiny_model):
