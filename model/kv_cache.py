@@ -65,6 +65,10 @@ class KVCache:
             raise ValueError(f"slot {slot} out of range [0, {self.num_slots})")
         if slot in self._free:
             raise ValueError(f"slot {slot} is already free")
+        # Zeroed on the way out: a masked column still multiplies its value by a zero weight, so a NaN
+        # left by a failed request would poison the slot's next holder (one memset per request).
+        self.k[:, slot].zero_()
+        self.v[:, slot].zero_()
         heapq.heappush(self._free, slot)
 
     def bytes_per_token(self) -> int:

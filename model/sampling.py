@@ -75,7 +75,7 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     drop = rank[None, :] >= k[:, None]  # (B, V)
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)  # (B, V)
     mass_before = probs.cumsum(dim=-1) - probs  # (B, V): probability of strictly better tokens
-    drop |= mass_before >= top_p[:, None]
+    drop |= (mass_before >= top_p[:, None]) & (top_p[:, None] < 1)  # 1 is off: cumsum rounds to 1 before the tail
     drop[:, 0] = False  # the best token always survives, however small top_p is
     filtered = sorted_logits.masked_fill(drop, float("-inf"))  # (B, V)
     return torch.full_like(logits, float("-inf")).scatter(-1, order, filtered)
@@ -107,7 +107,9 @@ def sample(
         top_k = torch.tensor([params[i].top_k for i in rows], device=logits.device)  # (b,)
         top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device)  # (b,)
         scaled = logits[index] / temps[:, None]  # (b, V)
-        probs = filter_top_k_top_p(scaled, top_k, top_p).softmax(dim=-1)  # (b, V)
+        if any(0 < params[i].top_k < logits.shape[-1] or params[i].top_p < 1 for i in rows):  # else skip the sort
+            scaled = filter_top_k_top_p(scaled, top_k, top_p)
+        probs = scaled.softmax(dim=-1)  # (b, V)
         for j, i in enumerate(rows):
             tokens[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
     logprobs = logprobs_all.gather(1, tokens[:, None])[:, 0]  # (B,)

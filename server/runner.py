@@ -55,7 +55,8 @@ class ModelRunner:
             return []
         all_logits = torch.cat(logits)  # (N, V)
         broken = ~all_logits.isfinite().all(dim=-1)  # (N,): such a row fails its request, not the batch
-        all_logits = all_logits.masked_fill(broken[:, None], 0.0)
+        if broken.any():
+            all_logits = all_logits.masked_fill(broken[:, None], 0.0)
         tokens, logprobs = sample(all_logits, [s.params for s in seqs], [s.generator for s in seqs],
                                   [self._history(s) for s in seqs])  # (N,), (N,)
         return [Sampled(s, t, lp, NON_FINITE if bad else None)

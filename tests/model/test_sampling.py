@@ -21,6 +21,13 @@ def test_top_p_keeps_the_smallest_nucleus_and_always_the_best():
     assert torch.isfinite(out).tolist() == [[True, False, False, False]]
 
 
+def test_top_p_of_one_and_top_k_of_zero_keep_every_token():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 50257) * 3  # peaked enough that a float32 cumsum reaches 1 before the tail
+    out = filter_top_k_top_p(logits, torch.tensor([0, 0]), torch.tensor([1.0, 1.0]))
+    assert out.isfinite().all(), f"{(~out.isfinite()).sum().item()} tokens dropped with the filters off"
+
+
 def test_repetition_penalty_lowers_seen_tokens_of_either_sign():
     logits = torch.tensor([2.0, -2.0, 1.0])
     out = apply_repetition_penalty(logits, torch.tensor([0, 1]), 2.0)

@@ -189,3 +189,25 @@ def test_a_long_prompt_is_read_in_chunks_while_others_keep_decoding(tiny_model, 
         assert len(short) == 1 + step and not long_, "the running request must get a token every step"
     batch = eng.step()
     assert [(c.start, c.end) for c in batch.prefill] == [(56, 60)] and len(long_) == 1 and len(short) == 9
+
+
+def test_a_slot_left_non_finite_by_a_failed_request_does_not_break_its_next_holder(tiny_model, tiny_tokenizer):
+    """A request whose keys came out NaN fails; the short request that reuses its slot, decoding beside a
+    longer one (so attention spans the slot's stale columns, masked), must still give its solo tokens."""
+    eng = Engine(tiny_model, tiny_tokenizer, max_batch=2)  # not started: the test drives the steps
+    long_prompt = (tiny_tokenizer.encode("Whether 'tis nobler in the mind to suffer ") * 4)[:40]
+    short_prompt = tiny_tokenizer.encode("To be")
+    params = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
+    solo = [s.token_id for s in generate(tiny_model, tiny_tokenizer, short_prompt, params)]
+    broken, beside, short = [], [], []
+    eng.submit(long_prompt, SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True), broken.append)
+    eng.step()
+    eng.cache.k[:, eng.scheduler.running[0].slot, :, :40] = float("nan")  # as an overflowing kernel would leave it
+    eng.submit(long_prompt[:30], SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True), beside.append)
+    eng.step()
+    assert broken[-1].finish_reason == "error", "the request with NaN keys must fail"
+    eng.submit(short_prompt, params, short.append)
+    while not short or not short[-1].finished:
+        eng.step()
+    assert short[-1].finish_reason == "length", f"the slot's next holder failed: {short[-1].error}"
+    assert token_ids(short) == solo
