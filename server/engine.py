@@ -133,13 +133,13 @@ class Engine:
                request_id: str | None = None) -> str:
         """Queues a request; `sink` gets its TokenOutputs on the engine thread and must not block.
         Raises PromptError (prompt too long, empty...), QueueFullError, EngineStoppedError at once."""
-        if self._stopping or not self._admitting:
-            raise EngineStoppedError("the server is shutting down and takes no new requests")
         check_prompt(prompt_ids, params.max_new_tokens, self.context_length, self.config.vocab_size)
         seq = Sequence(prompt_ids, params, self.tokenizer, sink, use_cache=use_cache, device=self.device,
                        request_id=request_id)
-        self.scheduler.add(seq)
-        with self._wakeup:
+        with self._wakeup:  # the same lock shutdown takes to set _stopping: a request is refused or drained
+            if self._stopping or not self._admitting:
+                raise EngineStoppedError("the server is shutting down and takes no new requests")
+            self.scheduler.add(seq)
             self._wakeup.notify()
         return seq.request_id
 
@@ -200,7 +200,8 @@ class Engine:
 
     def stop_admitting(self) -> None:
         """New requests are refused (EngineStoppedError) from now on; those already in go on."""
-        self._admitting = False
+        with self._wakeup:  # as in submit: a request is either in before this or refused after it
+            self._admitting = False
 
     def drain(self, grace: float) -> None:
         """Graceful shutdown: refuses new requests, lets those in flight run for up to `grace` seconds,
