@@ -162,11 +162,11 @@ class Generation:
                 if out.token_id is not None:
                     self.metrics.on_token(out, previous, self.use_cache)
                 if out.finished:
-                    self.metrics.on_finish(out.finish_reason, len(self.prompt_ids), out.stats, self.use_cache)
-                    if self.expired and out.finish_reason == FINISH_ABORT:
+                    if self.expired and out.finish_reason == FINISH_ABORT:  # counted as an error, not an abort
                         out = replace(out, finish_reason=FINISH_ERROR, error_type="timeout", error=(
                             f"the request ran past its deadline of {self.timeout:g} s "
                             "(parameters.timeout / --request-timeout)"))
+                    self.metrics.on_finish(out.finish_reason, len(self.prompt_ids), out.stats, self.use_cache)
                 previous = out
                 yield out
         finally:
