@@ -60,6 +60,31 @@ def full_recompute(model: GPT, ids: torch.Tensor) -> torch.Tensor:
     return model(ids)[:, -1]
 
 
+class OutputText:
+    """One request's text, token by token: EOS, stop strings (found across tokens, never leaked),
+    streaming detokenization (never a torn character) and max_new_tokens. `generate` and the serving
+    engine both keep one per request."""
+
+    def __init__(self, tokenizer: Tokenizer, params: SamplingParams) -> None:
+        self.params, self.eos_token_id = params, tokenizer.eos_token_id
+        self._decoder, self._stops = tokenizer.stream(skip_special=True), StopMatcher(params.stop)
+        self.num_tokens = 0
+        self.finish_reason: str | None = None  # 'eos', 'stop' or 'length' once the request is done
+
+    def push(self, token_id: int) -> str:
+        """The text this token completes ('' mid-character or while a stop string may be starting)."""
+        self.num_tokens += 1
+        eos = token_id == self.eos_token_id and not self.params.ignore_eos
+        text = "" if eos else self._stops.push(self._decoder.push(token_id))
+        last = eos or self._stops.matched is not None or self.num_tokens >= self.params.max_new_tokens
+        if last and self._stops.matched is None:  # release what was held back: a torn character, a stop prefix
+            text += self._stops.push(self._decoder.flush())
+            text += self._stops.flush()
+        if last:
+            self.finish_reason = "stop" if self._stops.matched is not None else "eos" if eos else "length"
+        return text
+
+
 @dataclass
 class Step:
     token_id: int
@@ -84,20 +109,14 @@ def generate(model: GPT, tokenizer: Tokenizer, prompt: str | list[int], params: 
         logits = prefill(model, cache, ids, positions, slice(0, 1), torch.tensor([ids.shape[1] - 1], device=device))
     else:
         logits = full_recompute(model, ids)
-    stream, stops = tokenizer.stream(skip_special=True), StopMatcher(params.stop)
+    output = OutputText(tokenizer, params)
     history = ids[0]
-    for i in range(params.max_new_tokens):
+    while True:
         token, logprob = sample(logits, [params], [generator], [history])
         token_id = int(token[0])
-        eos = token_id == tokenizer.eos_token_id and not params.ignore_eos
-        text = "" if eos else stops.push(stream.push(token_id))
-        last = eos or stops.matched is not None or i == params.max_new_tokens - 1
-        if last and stops.matched is None:  # release what was held back for a character or a stop string
-            text += stops.push(stream.flush())
-            text += stops.flush()
-        reason = "eos" if eos else "stop" if stops.matched is not None else "length" if last else None
-        yield Step(token_id, text, float(logprob[0]), reason)
-        if last:
+        text = output.push(token_id)
+        yield Step(token_id, text, float(logprob[0]), output.finish_reason)
+        if output.finish_reason is not None:
             return
         history = torch.cat([history, token])  # only for the repetition penalty; the cache is in place
         if cache is not None:

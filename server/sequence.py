@@ -1,7 +1,7 @@
 """One request's state inside the engine, and what the engine hands back for it.
 
-`Sequence.append` is `model.generate.generate`'s per-token bookkeeping (EOS, stop strings, streaming
-detokenization, max_new_tokens) done for one request of a batch.
+`Sequence.append` keeps a `model.generate.OutputText` per request, the same per-token bookkeeping
+(EOS, stop strings, streaming detokenization, max_new_tokens) that `model.generate.generate` uses.
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from model.sampling import SamplingParams, StopMatcher
+from model.generate import OutputText
+from model.sampling import SamplingParams
 from model.tokenizer import Tokenizer
 
 _ids = itertools.count()
@@ -96,9 +97,8 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stats = RequestStats(prompt_tokens=len(self.prompt_ids), use_cache=use_cache,
                                   seed=None if params.greedy else params.seed)
-        self._tokenizer = tokenizer
-        self._decoder = tokenizer.stream(skip_special=True)
-        self._stops = StopMatcher(params.stop)
+        self._special_ids = tokenizer.special_ids
+        self._text = OutputText(tokenizer, params)
 
     @property
     def all_ids(self) -> list[int]:
@@ -118,17 +118,12 @@ class Sequence:
         if not self.output_ids:
             self.stats.first_token = now
         self.output_ids.append(token_id)
-        eos = token_id == self._tokenizer.eos_token_id and not self.params.ignore_eos
-        text = "" if eos else self._stops.push(self._decoder.push(token_id))
-        last = eos or self._stops.matched is not None or len(self.output_ids) >= self.params.max_new_tokens
-        if last and self._stops.matched is None:  # release what was held back: a torn character, a stop prefix
-            text += self._stops.push(self._decoder.flush()) + self._stops.flush()
-        if last:
-            self.finish_reason = (FINISH_STOP if self._stops.matched is not None else
-                                  FINISH_EOS if eos else FINISH_LENGTH)
+        text = self._text.push(token_id)
+        self.finish_reason = self._text.finish_reason  # FINISH_STOP, FINISH_EOS or FINISH_LENGTH when done
+        last = self.finished
         self.stats.generated_tokens = len(self.output_ids)
         return TokenOutput(self.request_id, len(self.output_ids), token_id, text, logprob,
-                           token_id in self._tokenizer.special_ids, self.finish_reason,
+                           token_id in self._special_ids, self.finish_reason,
                            stats=self._finish_stats(now) if last else None, time=now)
 
     def end(self, reason: str, error: str | None = None, error_type: str | None = None) -> TokenOutput:

@@ -19,6 +19,20 @@ from server.engine import Engine, EngineArgs
 from tests.conftest import TEST_DEVICE
 
 
+def wait_healthy(url: str, timeout: float, check_alive=lambda: None) -> None:
+    """Polls GET /health until it answers 200; `check_alive` may raise to give up early."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        check_alive()
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"server at {url} did not become healthy in {timeout}s")
+
+
 class LiveServer:
     def __init__(self, app) -> None:
         self.app = app
@@ -34,15 +48,8 @@ class LiveServer:
 
     def start(self, timeout: float = 60.0) -> "LiveServer":
         self._thread.start()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"server at {self.url} did not become healthy in {timeout}s")
+        wait_healthy(self.url, timeout)
+        return self
 
     def stop(self) -> None:
         self._server.should_exit = True
@@ -121,16 +128,11 @@ class ServerProcess:
         return self.log.read()
 
     def wait_healthy(self, timeout: float = 120.0) -> "ServerProcess":
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def alive() -> None:
             assert self.proc.poll() is None, f"the server exited: {self.output()}"
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"server at {self.url} did not become healthy in {timeout}s")
+
+        wait_healthy(self.url, timeout, alive)
+        return self
 
     def rss_bytes(self) -> int:
         """Resident memory of the server process, from /proc (Linux)."""
