@@ -1,7 +1,7 @@
 """Memory read bandwidth and the batch-1 decode bound it implies: `python -m bench.bandwidth`.
 
 Reads a 1 GiB float32 tensor (`sum`, which streams every byte once) several times and reports the
-median GB/s; the decode bound is the bytes one batch-1 step must read (every weight, the head's wider
+median GB/s; the decode bound is the bytes one batch-1 step must read (every weight, the head's own
 copy included) divided by that bandwidth.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     tables = (model.transformer.wte.weight, model.transformer.wpe.weight)  # a step reads one row of each
     step_bytes = weight_bytes - sum(t.numel() * t.element_size() for t in tables)
-    step_bytes += model.head_t.numel() * model.head_t.element_size()  # the head reads its wider copy
+    step_bytes += model.head_blocks.numel() * model.head_blocks.element_size()  # the head reads its own copy
     bound_ms = step_bytes / (gbps * 1e9) * 1e3
     print(f"read bandwidth {gbps:.1f} GB/s; one batch-1 step reads {step_bytes / 1e6:.1f} MB "
           f"(weights {weight_bytes / 1e6:.1f} MB); bound {bound_ms:.2f} ms/token")

@@ -56,8 +56,11 @@ def decode_one_token(model: GPT, cache: KVCache, tokens: torch.Tensor, positions
 
 @torch.inference_mode()
 def full_recompute(model: GPT, ids: torch.Tensor) -> torch.Tensor:
-    """Uncached step: the whole sequence again, plain causal. ids: (1, T). Returns (1, V)."""
-    return model(ids)[:, -1]
+    """Uncached step: the whole sequence again, plain causal. ids: (B, T). Returns the last
+    position's logits (B, V), computed for that row only, as a cached step computes them."""
+    B, T = ids.shape
+    last = torch.full((B,), T - 1, device=ids.device)  # (B,)
+    return model(ids, logits_index=last)  # (B, V)
 
 
 class OutputText:

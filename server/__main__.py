@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from model.checkpoint import DEFAULT_CHECKPOINT
+from server.scheduler import DEFAULT_MAX_PREFILL_TOKENS, DEFAULT_PREFILL_CHUNK
 
 
 def _at_least(kind: type, low: float, strict: bool = True) -> Callable[[str], int | float]:
@@ -29,10 +30,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     ap.add_argument("--max-batch", type=int, default=32, help="concurrent sequences (KV-cache slots)")
     ap.add_argument("--max-waiting", type=int, default=128, help="queued requests beyond --max-batch; then 429")
-    ap.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens one request reads per step")
-    ap.add_argument("--max-prefill-tokens", type=int, default=512, help="prompt tokens all requests read per step")
+    ap.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help="prompt tokens one request reads per step")
+    ap.add_argument("--max-prefill-tokens", type=int, default=DEFAULT_MAX_PREFILL_TOKENS, help="prompt tokens all requests read per step")
     ap.add_argument("--threads", type=int, default=None,
-                    help="CPU threads for the model (default on a CPU: all cores but one, kept for the HTTP loop)")
+                    help="CPU threads for the model (default: torch's, one per core)")
     ap.add_argument("--log-level", default="info")
     sec = ap.add_argument_group("security")
     sec.add_argument("--api-key", default=os.environ.get("KVSERVE_API_KEY") or None,
@@ -76,13 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    threads = args.threads
-    if threads is None and device.type == "cpu":
-        threads = max(1, (os.cpu_count() or 1) - 1)
     engine_args = EngineArgs(checkpoint=args.checkpoint, device=str(device), dtype=args.dtype,
                              max_batch=args.max_batch, max_waiting=args.max_waiting,
                              prefill_chunk=args.prefill_chunk, max_prefill_tokens=args.max_prefill_tokens,
-                             threads=threads)
+                             threads=args.threads)
     limits = Limits(max_body_bytes=args.max_body_bytes, max_input_tokens=args.max_input_tokens,
                     max_new_tokens=args.max_new_tokens, max_stop_sequences=args.max_stop_sequences,
                     max_stop_length=args.max_stop_length, request_timeout=args.request_timeout)

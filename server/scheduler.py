@@ -42,6 +42,13 @@ class SchedulerOutput:
         return sum(c.end - c.start for c in self.prefill)
 
 
+# Prompt tokens per step. Smaller keeps the running requests' inter-token latency low while new prompts
+# are read (each step carries at most this much prefill); larger reads long prompts in fewer steps.
+# 128 was measured best of 64/128/512 for p99 ITL at concurrency 32 on a 2-core CPU (BENCHMARKS.md).
+DEFAULT_PREFILL_CHUNK = 128
+DEFAULT_MAX_PREFILL_TOKENS = 128
+
+
 class Scheduler:
     """First come, first served. Up to `max_running` requests hold a slot; up to `max_waiting` more wait.
 
@@ -51,7 +58,8 @@ class Scheduler:
     """
 
     def __init__(self, cache: KVCache, max_running: int, max_waiting: int,
-                 prefill_chunk: int = 256, max_prefill_tokens: int = 512) -> None:
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS) -> None:
         if max_running < 1 or max_running > cache.num_slots:
             raise ValueError(f"max_running must be in [1, {cache.num_slots}] (cache slots), got {max_running}")
         if max_waiting < 0 or prefill_chunk < 1 or max_prefill_tokens < 1:
