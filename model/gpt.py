@@ -214,14 +214,13 @@ class GPT(nn.Module):
 
     def _blocked_head(self, x: torch.Tensor, rows_per_call: int = 256) -> torch.Tensor:
         """Tied-head logits from float32 sums over blocks of C, added in float64 (see prepare_for_inference).
-        x: (..., C). Rows go through in groups of `rows_per_call`, which bounds the (nb, N, V) partials."""
+        x: (..., C). Rows go through in groups of `rows_per_call`, which bounds the (nb, n, V) partials."""
         nb, block, V = self.head_blocks.shape
         rows = x.reshape(-1, nb * block).to(self.head_blocks.dtype)  # (N, C)
-        out = torch.empty(rows.shape[0], V, dtype=x.dtype, device=x.device)  # (N, V)
-        for start in range(0, rows.shape[0], rows_per_call):
-            part = rows[start:start + rows_per_call].view(-1, nb, block).transpose(0, 1)  # (nb, n, C/nb)
-            sums = torch.bmm(part, self.head_blocks)  # (nb, n, V): one float32 sum per block
-            out[start:start + rows_per_call] = sums.sum(0, dtype=torch.float64)  # (n, V)
+        logits = [torch.bmm(part.view(-1, nb, block).transpose(0, 1), self.head_blocks)  # (nb, n, V) block sums
+                  .sum(0, dtype=torch.float64).to(x.dtype)  # (n, V)
+                  for part in rows.split(rows_per_call)]
+        out = logits[0] if len(logits) == 1 else torch.cat(logits)  # (N, V)
         return out.view(*x.shape[:-1], V)
 
     def _attention_batch(self, input_ids, positions, cache, slots, kv_len) -> AttentionBatch:

@@ -30,8 +30,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     ap.add_argument("--max-batch", type=int, default=32, help="concurrent sequences (KV-cache slots)")
     ap.add_argument("--max-waiting", type=int, default=128, help="queued requests beyond --max-batch; then 429")
-    ap.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help="prompt tokens one request reads per step")
-    ap.add_argument("--max-prefill-tokens", type=int, default=DEFAULT_MAX_PREFILL_TOKENS, help="prompt tokens all requests read per step")
+    ap.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
+                    help="prompt tokens one request reads per step")
+    ap.add_argument("--max-prefill-tokens", type=int, default=DEFAULT_MAX_PREFILL_TOKENS,
+                    help="prompt tokens all requests read per step")
     ap.add_argument("--threads", type=int, default=None,
                     help="CPU threads for the model (default: torch's, one per core)")
     ap.add_argument("--log-level", default="info")

@@ -84,8 +84,7 @@ class RequestStream:
 class Engine:
     def __init__(self, model: GPT, tokenizer: Tokenizer, *, max_batch: int = 32, max_waiting: int = 128,
                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
-                 name: str = "model",
-                 threads: int | None = None) -> None:
+                 name: str = "model", threads: int | None = None) -> None:
         """`threads` sets torch's intra-op threads on the engine thread only (None: torch's default, one
         per core). On a 2-core CPU, 2 threads beat 1 under load even though the HTTP loop shares the
         cores (BENCHMARKS.md: more tokens/s at concurrency 32, lower p99 there, a noisier p99 alone)."""
