@@ -18,7 +18,7 @@ from model.kv_cache import KVCache
 PROMPT_TOKENS = 32
 
 
-def decode_step_latency(model: GPT, context: int, batch: int, repeats: int) -> dict:
+def decode_step_latency(model: GPT, context: int, batch: int, repeats: int, compiled: bool) -> dict:
     """One new token at position context - 1, after context - 1 tokens, attending over `context`."""
     device, dtype = model.transformer.wte.weight.device, model.transformer.wte.weight.dtype
     gen = torch.Generator().manual_seed(context * 100 + batch)
@@ -33,19 +33,28 @@ def decode_step_latency(model: GPT, context: int, batch: int, repeats: int) -> d
     def cached():  # rewrites the same cache column each time: the same work every repeat
         return decode_one_token(model, cache, ids[:, -1], new_pos, slots, kv_len=context)
 
+    def cached_compiled():
+        return decode_one_token(model, cache, ids[:, -1], new_pos, slots, kv_len=context, compiled=True)
+
     def uncached():
         return full_recompute(model, ids)  # (B, V)
 
-    max_diff = (cached().float() - uncached().float()).abs().max().item()
-    times = interleaved_medians({"cached": cached, "uncached": uncached}, device, repeats, warmup=2)
-    return {"context": context, "batch": batch,
-            "cached_ms": times["cached"]["median_s"] * 1e3, "uncached_ms": times["uncached"]["median_s"] * 1e3,
-            "uncached_over_cached": times["uncached"]["median_s"] / times["cached"]["median_s"],
-            "max_abs_logit_diff": max_diff, "samples_s": times}
+    fns = {"cached": cached, "uncached": uncached} | ({"cached_compiled": cached_compiled} if compiled else {})
+    diffs = {name: (fn().float() - uncached().float()).abs().max().item() for name, fn in fns.items()}
+    times = interleaved_medians(fns, device, repeats, warmup=2)
+    ms = {name: t["median_s"] * 1e3 for name, t in times.items()}
+    row = {"context": context, "batch": batch, "cached_ms": ms["cached"], "uncached_ms": ms["uncached"],
+           "uncached_over_cached": ms["uncached"] / ms["cached"], "max_abs_logit_diff": diffs["cached"],
+           "samples_s": times}
+    if compiled:
+        row |= {"cached_compiled_ms": ms["cached_compiled"],
+                "uncached_over_cached_compiled": ms["uncached"] / ms["cached_compiled"],
+                "max_abs_logit_diff_compiled": diffs["cached_compiled"]}
+    return row
 
 
 @torch.inference_mode()
-def generate_cached(model: GPT, prompt: torch.Tensor, new_tokens: int) -> list[int]:
+def generate_cached(model: GPT, prompt: torch.Tensor, new_tokens: int, compiled: bool = False) -> list[int]:
     """Greedy, batch 1: prefill the prompt (1, T), then one cached step per token."""
     device, dtype = prompt.device, model.transformer.wte.weight.dtype
     T = prompt.shape[1]
@@ -59,7 +68,7 @@ def generate_cached(model: GPT, prompt: torch.Tensor, new_tokens: int) -> list[i
         out.append(token)
         if i < new_tokens - 1:
             logits = decode_one_token(model, cache, token, torch.tensor([T + i], device=device), slots,
-                                      kv_len=T + i + 1)
+                                      kv_len=T + i + 1, compiled=compiled)
     return torch.cat(out).tolist()
 
 
@@ -73,19 +82,28 @@ def generate_uncached(model: GPT, prompt: torch.Tensor, new_tokens: int) -> list
     return ids[0, prompt.shape[1]:].tolist()
 
 
-def generation_total(model: GPT, new_tokens: int, repeats: int) -> dict:
+def generation_total(model: GPT, new_tokens: int, repeats: int, compiled: bool) -> dict:
     device = model.transformer.wte.weight.device
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.config.vocab_size, (1, PROMPT_TOKENS), generator=gen).to(device)  # (1, T)
-    same = generate_cached(model, prompt, new_tokens) == generate_uncached(model, prompt, new_tokens)
-    times = interleaved_medians({"cached": lambda: generate_cached(model, prompt, new_tokens),
-                                 "uncached": lambda: generate_uncached(model, prompt, new_tokens)},
-                                device, repeats, warmup=1)
+    uncached_ids = generate_uncached(model, prompt, new_tokens)
+    fns = {"cached": lambda: generate_cached(model, prompt, new_tokens),
+           "uncached": lambda: generate_uncached(model, prompt, new_tokens)}
+    if compiled:
+        fns["cached_compiled"] = lambda: generate_cached(model, prompt, new_tokens, compiled=True)
+    same = {name: fn() == uncached_ids for name, fn in fns.items() if name != "uncached"}
+    times = interleaved_medians(fns, device, repeats, warmup=1)
     cached_s, uncached_s = times["cached"]["median_s"], times["uncached"]["median_s"]
-    return {"prompt_tokens": PROMPT_TOKENS, "new_tokens": new_tokens, "batch": 1,
-            "cached_s": cached_s, "uncached_s": uncached_s,
-            "cached_tokens_per_s": new_tokens / cached_s, "uncached_tokens_per_s": new_tokens / uncached_s,
-            "uncached_over_cached": uncached_s / cached_s, "same_greedy_tokens": same, "samples_s": times}
+    row = {"prompt_tokens": PROMPT_TOKENS, "new_tokens": new_tokens, "batch": 1,
+           "cached_s": cached_s, "uncached_s": uncached_s,
+           "cached_tokens_per_s": new_tokens / cached_s, "uncached_tokens_per_s": new_tokens / uncached_s,
+           "uncached_over_cached": uncached_s / cached_s, "same_greedy_tokens": same["cached"], "samples_s": times}
+    if compiled:
+        compiled_s = times["cached_compiled"]["median_s"]
+        row |= {"cached_compiled_s": compiled_s, "cached_compiled_tokens_per_s": new_tokens / compiled_s,
+                "uncached_over_cached_compiled": uncached_s / compiled_s,
+                "same_greedy_tokens_compiled": same["cached_compiled"]}
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,16 +123,21 @@ def main(argv: list[str] | None = None) -> int:
     steps = []
     for batch in (int(b) for b in args.batches.split(",")):
         for context in contexts:
-            row = decode_step_latency(model, context, batch, repeats)
+            row = decode_step_latency(model, context, batch, repeats, args.compile)
+            compiled = (f", compiled {row['cached_compiled_ms']:.2f} ms "
+                        f"({row['uncached_over_cached_compiled']:.2f}x)" if args.compile else "")
             print(f"batch {batch:2d} context {context:4d}: cached {row['cached_ms']:.2f} ms, "
-                  f"uncached {row['uncached_ms']:.2f} ms, uncached/cached {row['uncached_over_cached']:.2f}x")
+                  f"uncached {row['uncached_ms']:.2f} ms, uncached/cached {row['uncached_over_cached']:.2f}x"
+                  + compiled)
             steps.append(row)
-    total = generation_total(model, new_tokens, max(1, repeats // 4) if not args.quick else 1)
+    total = generation_total(model, new_tokens, max(1, repeats // 4) if not args.quick else 1, args.compile)
+    compiled = (f", compiled {total['cached_compiled_s']:.2f} s ({total['uncached_over_cached_compiled']:.2f}x, "
+                f"same tokens: {total['same_greedy_tokens_compiled']})" if args.compile else "")
     print(f"generate {new_tokens} tokens from {PROMPT_TOKENS}: cached {total['cached_s']:.2f} s, "
           f"uncached {total['uncached_s']:.2f} s, uncached/cached {total['uncached_over_cached']:.2f}x, "
-          f"same greedy tokens: {total['same_greedy_tokens']}")
+          f"same greedy tokens: {total['same_greedy_tokens']}" + compiled)
     result = {"benchmark": "cache_speedup", "machine": machine_info(device, dtype), "checkpoint": args.checkpoint,
-              "model": model.config.to_hf_dict(), "quick": args.quick, "repeats": repeats,
+              "model": model.config.to_hf_dict(), "quick": args.quick, "repeats": repeats, "compile": args.compile,
               "decode_step": steps, "generation": total}
     write_result("cache_speedup", result, args.out)
     return 0

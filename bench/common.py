@@ -27,6 +27,8 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     ap.add_argument("--out", default=None, help=f"output folder (default {RESULTS_DIR})")
     ap.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, few repeats")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time decode steps through torch.compile (the server's --compile)")
     return ap
 
 

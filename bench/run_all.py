@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     shared += ["--quick"] if args.quick else []
     shared += ["--out", args.out] if args.out else []
     shared += ["--threads", str(args.threads)] if args.threads else []
+    shared += ["--compile"] if args.compile else []
     runs = []
     for name in args.only.split(","):
         command = [sys.executable, "-m", f"bench.{name}", *shared]

@@ -45,11 +45,13 @@ def wait_for_health(url: str, process: subprocess.Popen, log_path: Path, timeout
 
 @contextmanager
 def running_server(checkpoint: str, device: str, dtype: str, max_batch: int, log_path: Path,
-                   threads: int | None = None, startup_timeout_s: float = 600.0):
-    """Yields the base URL of a server subprocess (with `threads` CPU threads if given); stops it on exit."""
+                   threads: int | None = None, startup_timeout_s: float = 600.0, compile: bool = False):
+    """Yields the base URL of a server subprocess (with `threads` CPU threads if given, and --compile
+    if `compile`); stops it on exit."""
     port = free_port()
     command = [sys.executable, "-m", "server", "--checkpoint", checkpoint, "--host", "127.0.0.1",
                "--port", str(port), "--max-batch", str(max_batch), "--device", device, "--dtype", dtype]
+    command += ["--compile"] if compile else []
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
@@ -81,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.concurrency, args.num_requests, args.prompt_tokens, args.max_new_tokens = "1,2", 4, 16, 8
     prompts, prompt_note = load_prompts(64, args.prompt_tokens, None, args.checkpoint)
-    with running_server(args.checkpoint, str(device), args.dtype, args.max_batch, out / "serving_server.log",
-                        args.threads) as url:
+    name = "serving_compiled" if args.compile else "serving"  # the eager run's results stay beside it
+    with running_server(args.checkpoint, str(device), args.dtype, args.max_batch, out / f"{name}_server.log",
+                        args.threads, compile=args.compile) as url:
         config = LoadTestConfig(url=url, concurrency=tuple(int(c) for c in args.concurrency.split(",")),
                                 cache_modes=(True, False), num_requests=args.num_requests, duration_s=args.duration,
                                 request_timeout_s=600.0, timeout_s=3600.0, max_new_tokens=args.max_new_tokens)
@@ -93,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
 
     for table in render_tables(report):
         Console().print(table)
-    plots = write_plots(report, out / "serving_plots")
+    plots = write_plots(report, out / f"{name}_plots")
     result = {"benchmark": "serving", "machine": machine_info(device, dtype), "checkpoint": args.checkpoint,
-              "quick": args.quick, "max_batch": args.max_batch, "plots": [str(p) for p in plots], **report}
-    write_result("serving", result, str(out))
+              "quick": args.quick, "max_batch": args.max_batch, "compile": args.compile, "plots": [str(p) for p in plots], **report}
+    write_result(name, result, str(out))
     return 0
 
 

@@ -21,7 +21,7 @@ from model.sampling import SamplingParams
 
 
 @torch.inference_mode()
-def generate_ours(model: GPT, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+def generate_ours(model: GPT, prompts: torch.Tensor, new_tokens: int, compiled: bool = False) -> torch.Tensor:
     """Greedy for a batch of equal-length prompts (B, T). Returns (B, new_tokens)."""
     B, T = prompts.shape
     device, dtype = prompts.device, model.transformer.wte.weight.dtype
@@ -37,7 +37,7 @@ def generate_ours(model: GPT, prompts: torch.Tensor, new_tokens: int) -> torch.T
         out.append(token)
         if i < new_tokens - 1:
             pos = torch.full((B,), T + i, device=device)  # (B,)
-            logits = decode_one_token(model, cache, token, pos, slots, kv_len=T + i + 1)
+            logits = decode_one_token(model, cache, token, pos, slots, kv_len=T + i + 1, compiled=compiled)
     return torch.stack(out, dim=1)  # (B, new_tokens)
 
 
@@ -80,12 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     limit = model.config.n_positions
     new_tokens = min(16 if args.quick else args.new_tokens, limit - args.prompt_tokens)
     repeats = args.repeats or (1 if args.quick else 5)
-    engine = None
+    engines = {}
     if not args.no_engine and (Path(args.checkpoint) / "tokenizer.json").is_file():
         from server.engine import Engine
 
-        engine = Engine(model, load_tokenizer(args.checkpoint), max_batch=max(int(b) for b in args.batches.split(",")))
-        engine.start()
+        for name, compile in [("engine", False)] + ([("engine_compiled", True)] if args.compile else []):
+            engines[name] = Engine(model, load_tokenizer(args.checkpoint), compile=compile,
+                                   max_batch=max(int(b) for b in args.batches.split(","))).start()
+            if compile:
+                engines[name].run_between_steps(engines[name].runner.compile_decode_variants).result()
     rows = []
     try:
         for batch in (int(b) for b in args.batches.split(",")):
@@ -94,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
             eos = model.config.eos_token_id
             fns = {"ours": lambda: generate_ours(model, prompts, new_tokens),
                    "transformers": lambda: generate_transformers(hf_model, prompts, new_tokens, eos)}
-            if engine is not None:
-                fns["engine"] = lambda: generate_engine(engine, prompts, new_tokens)
+            if args.compile:
+                fns["ours_compiled"] = lambda: generate_ours(model, prompts, new_tokens, compiled=True)
+            for name, engine in engines.items():
+                fns[name] = lambda engine=engine: generate_engine(engine, prompts, new_tokens)
             ours_ids = generate_ours(model, prompts, new_tokens)
             same = (ours_ids == generate_transformers(hf_model, prompts, new_tokens, eos)).float().mean().item()
             times = interleaved_medians(fns, device, repeats, warmup=1)
@@ -103,18 +108,20 @@ def main(argv: list[str] | None = None) -> int:
             row = {"batch": batch, "prompt_tokens": args.prompt_tokens, "new_tokens": new_tokens,
                    "tokens_per_s": tps, "ours_over_transformers": tps["ours"] / tps["transformers"],
                    "same_token_fraction_vs_transformers": same, "samples_s": times}
-            if engine is not None:
-                row["engine_over_transformers"] = tps["engine"] / tps["transformers"]
+            for name in tps:
+                if name not in ("ours", "transformers"):
+                    row[f"{name}_over_transformers"] = tps[name] / tps["transformers"]
             rows.append(row)
             print(f"batch {batch}: " + ", ".join(f"{n} {v:.0f} tok/s" for n, v in tps.items())
                   + f"; ours/transformers {row['ours_over_transformers']:.2f}x; same tokens {same:.0%}")
     finally:
-        if engine is not None:
+        for engine in engines.values():
             engine.shutdown()
     import transformers
 
     result = {"benchmark": "vs_transformers", "machine": machine_info(device, dtype), "checkpoint": args.checkpoint,
-              "transformers": transformers.__version__, "quick": args.quick, "repeats": repeats, "runs": rows}
+              "transformers": transformers.__version__, "quick": args.quick, "repeats": repeats,
+              "compile": args.compile, "runs": rows}
     write_result("vs_transformers", result, args.out)
     return 0
 

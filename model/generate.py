@@ -46,12 +46,27 @@ def prefill(model: GPT, cache: KVCache, input_ids: torch.Tensor, positions: torc
     return model(input_ids, positions, cache=cache, slots=slots, kv_len=kv_len, logits_index=last_index)
 
 
-@torch.inference_mode()
-def decode_one_token(model: GPT, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
-                     slots: torch.Tensor | slice, kv_len: int | None = None) -> torch.Tensor:
-    """One step for every row: tokens, positions: (B,). Returns next-token logits (B, V)."""
+def _decode(model: GPT, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
+            slots: torch.Tensor | int, kv_len: int | None) -> torch.Tensor:
+    """slots: (B,), or an int, the first of B contiguous slots (where a slice would be a constant to
+    torch.compile, and every range a recompile)."""
     index = torch.zeros_like(tokens)  # (B,): the single token of each row
     return model(tokens[:, None], positions[:, None], cache=cache, slots=slots, kv_len=kv_len, logits_index=index)
+
+
+# Compiled on first use, once per variant: one row or more, slots a range (from 0, 1 or another) or
+# a gather. Sizes, lengths and the first slot are symbolic, so they do not recompile.
+_compiled_decode = torch.compile(_decode, dynamic=True)
+
+
+@torch.inference_mode()
+def decode_one_token(model: GPT, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
+                     slots: torch.Tensor | slice, kv_len: int | None = None, compiled: bool = False) -> torch.Tensor:
+    """One step for every row: tokens, positions: (B,). Returns next-token logits (B, V).
+    compiled: run the step through `torch.compile` (inductor fuses the small ops; on the CPU it needs
+    a C++ compiler, and the first step of each variant takes seconds)."""
+    step = _compiled_decode if compiled else _decode
+    return step(model, cache, tokens, positions, slots.start if isinstance(slots, slice) else slots, kv_len)
 
 
 @torch.inference_mode()
@@ -97,8 +112,8 @@ class Step:
 
 
 def generate(model: GPT, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams,
-             use_cache: bool = True) -> Iterator[Step]:
-    """Yields one Step per generated token."""
+             use_cache: bool = True, compiled: bool = False) -> Iterator[Step]:
+    """Yields one Step per generated token. compiled: cached decode steps through torch.compile."""
     device = next(model.parameters()).device
     prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     context = model.config.n_positions
@@ -124,7 +139,7 @@ def generate(model: GPT, tokenizer: Tokenizer, prompt: str | list[int], params: 
         history = torch.cat([history, token])  # only for the repetition penalty; the cache is in place
         if cache is not None:
             pos = torch.tensor([history.numel() - 1], device=device)
-            logits = decode_one_token(model, cache, token, pos, slice(0, 1))
+            logits = decode_one_token(model, cache, token, pos, slice(0, 1), compiled=compiled)
         else:
             logits = full_recompute(model, history[None])
 
@@ -141,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--stop", action="append", default=[])
     ap.add_argument("--no-cache", action="store_true", help="recompute the whole sequence at every step")
+    ap.add_argument("--compile", action="store_true", help="decode steps through torch.compile (first one slow)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args(argv)
@@ -152,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                             stop=tuple(args.stop))
     start, n, reason = time.perf_counter(), 0, None
     try:
-        for step in generate(model, tokenizer, args.prompt, params, use_cache=not args.no_cache):
+        for step in generate(model, tokenizer, args.prompt, params, use_cache=not args.no_cache,
+                             compiled=args.compile):
             sys.stdout.write(step.text)
             sys.stdout.flush()
             n, reason = n + 1, step.finish_reason

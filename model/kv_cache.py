@@ -15,9 +15,9 @@ class CacheFullError(RuntimeError):
 class KVCache:
     """Keys and values for `num_slots` sequences of up to `max_len` tokens, allocated once.
 
-    Layout per layer: (num_slots, n_head, max_len + 1, head_dim). The extra column at index
-    `max_len` is scratch: padding tokens of a ragged batch write there, and attention never
-    reads it, so padding can never clobber a real position.
+    Layout per layer: (num_slots, 2, n_head, max_len + 1, head_dim), keys then values. The extra
+    column at index `max_len` is scratch: padding tokens of a ragged batch write there, and attention
+    never reads it, so padding can never clobber a real position.
     """
 
     def __init__(
@@ -35,9 +35,12 @@ class KVCache:
         if self.max_len > config.n_positions:
             raise ValueError(f"max_len {self.max_len} exceeds the model context {config.n_positions}")
         self.num_slots = num_slots
-        shape = (config.n_layer, num_slots, config.n_head, self.max_len + 1, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, S, nh, max_len + 1, hs)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (L, S, nh, max_len + 1, hs)
+        shape = (num_slots, 2, config.n_head, self.max_len + 1, config.head_dim)
+        # One tensor per layer, keys and values side by side: a layer writes both with one in-place
+        # index_put, and on a tensor of its own (not a view of a bigger one) so that a compiled step
+        # writes in place too, where a write through a view would copy the whole cache.
+        self.layers = [torch.zeros(shape, dtype=dtype, device=device)  # each (S, 2, nh, max_len + 1, hs)
+                       for _ in range(config.n_layer)]
         self.columns = torch.arange(self.max_len + 1, device=device)  # column indices, for masks
         # A heap: the lowest free slot goes first, which keeps running slots packed at the front, so a
         # batch's slots are often one contiguous range and attention reads them without a gather.
@@ -67,20 +70,20 @@ class KVCache:
             raise ValueError(f"slot {slot} is already free")
         # Zeroed on the way out: a masked column still multiplies its value by a zero weight, so a NaN
         # left by a failed request would poison the slot's next holder (one memset per request).
-        self.k[:, slot].zero_()
-        self.v[:, slot].zero_()
+        for layer in self.layers:
+            layer[slot].zero_()
         heapq.heappush(self._free, slot)
 
     def bytes_per_token(self) -> int:
         """Cache bytes one token of one sequence occupies (keys and values, all layers)."""
-        n_layer, _, n_head, _, head_dim = self.k.shape
-        return 2 * n_layer * n_head * head_dim * self.k.element_size()
+        _, _, n_head, _, head_dim = self.layers[0].shape
+        return len(self.layers) * 2 * n_head * head_dim * self.layers[0].element_size()
 
     def bytes_per_slot(self) -> int:
         return self.bytes_per_token() * (self.max_len + 1)
 
     def total_bytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return sum(layer.numel() * layer.element_size() for layer in self.layers)
 
 
 def slot_index(slots: list[int]) -> slice | None:

@@ -36,6 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="prompt tokens all requests read per step")
     ap.add_argument("--threads", type=int, default=None,
                     help="CPU threads for the model (default: torch's, one per core)")
+    ap.add_argument("--compile", action="store_true",
+                    help="run decode steps through torch.compile: faster steps, a startup that takes longer "
+                         "(needs a C++ compiler on the CPU; see BENCHMARKS.md)")
     ap.add_argument("--log-level", default="info")
     sec = ap.add_argument_group("security")
     sec.add_argument("--api-key", default=os.environ.get("KVSERVE_API_KEY") or None,
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     engine_args = EngineArgs(checkpoint=args.checkpoint, device=str(device), dtype=args.dtype,
                              max_batch=args.max_batch, max_waiting=args.max_waiting,
                              prefill_chunk=args.prefill_chunk, max_prefill_tokens=args.max_prefill_tokens,
-                             threads=args.threads)
+                             threads=args.threads, compile=args.compile)
     limits = Limits(max_body_bytes=args.max_body_bytes, max_input_tokens=args.max_input_tokens,
                     max_new_tokens=args.max_new_tokens, max_stop_sequences=args.max_stop_sequences,
                     max_stop_length=args.max_stop_length, request_timeout=args.request_timeout)

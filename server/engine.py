@@ -56,6 +56,7 @@ class EngineArgs:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # prompt tokens one request reads per step
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS  # prompt tokens all requests together read per step
     threads: int | None = None  # CPU threads for the engine's ops (None: torch's default); see Engine
+    compile: bool = False  # decode steps through torch.compile; warmup() compiles them before serving
 
 
 class RequestStream:
@@ -84,18 +85,20 @@ class RequestStream:
 class Engine:
     def __init__(self, model: GPT, tokenizer: Tokenizer, *, max_batch: int = 32, max_waiting: int = 128,
                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
-                 name: str = "model", threads: int | None = None) -> None:
+                 name: str = "model", threads: int | None = None, compile: bool = False) -> None:
         """`threads` sets torch's intra-op threads on the engine thread only (None: torch's default, one
         per core). On a 2-core CPU, 2 threads beat 1 under load even though the HTTP loop shares the
         cores (BENCHMARKS.md: more tokens/s at concurrency 32, lower p99 there, a noisier p99 alone)."""
         self.threads = threads
+        if threads:
+            model.prepare_for_inference(threads)  # its weight blocks follow the engine's thread count
         self.model, self.tokenizer, self.name = model, tokenizer, name
         self.config = model.config
         param = next(model.parameters())
         self.device = param.device
         self.cache = KVCache(self.config, max_batch, dtype=param.dtype, device=self.device)
         self.scheduler = Scheduler(self.cache, max_batch, max_waiting, prefill_chunk, max_prefill_tokens)
-        self.runner = ModelRunner(model, self.cache)
+        self.runner = ModelRunner(model, self.cache, compiled=compile)
         self._wakeup = threading.Condition()
         self._step_lock = threading.Lock()  # held for the length of a step; `paused()` holds it too
         self._stopping = False
@@ -110,7 +113,7 @@ class Engine:
         model = load_model(args.checkpoint, device=device, dtype=resolve_dtype(args.dtype))
         return cls(model, load_tokenizer(args.checkpoint), max_batch=args.max_batch, max_waiting=args.max_waiting,
                    prefill_chunk=args.prefill_chunk, max_prefill_tokens=args.max_prefill_tokens, threads=args.threads,
-                   name=Path(args.checkpoint).name)
+                   name=Path(args.checkpoint).name, compile=args.compile)
 
     # ---- what callers see -------------------------------------------------------------------------
 
@@ -194,7 +197,10 @@ class Engine:
         return self
 
     def warmup(self) -> None:
-        """Runs a short request both ways, so the first real request pays no first-call costs."""
+        """Runs a short request both ways, so the first real request pays no first-call costs; with
+        `compile`, first compiles every variant of the decode step (tens of seconds on a small CPU)."""
+        if self.runner.compiled:
+            self.run_between_steps(self.runner.compile_decode_variants).result(timeout=1800)
         prompt = self.tokenizer.encode("Hello") or [0]
         for use_cache in (True, False):
             self.generate(prompt[: self.context_length - 2], SamplingParams(max_new_tokens=2, temperature=0),

@@ -29,8 +29,8 @@ class ModelRunner:
     """Owns no request state: reads the scheduled sequences, never changes them (the engine's update
     step does), so a step that fails can be rerun request by request."""
 
-    def __init__(self, model: GPT, cache: KVCache) -> None:
-        self.model, self.cache = model, cache
+    def __init__(self, model: GPT, cache: KVCache, compiled: bool = False) -> None:
+        self.model, self.cache, self.compiled = model, cache, compiled
         self.device = next(model.parameters()).device
         self._no_history = torch.empty(0, dtype=torch.long, device=self.device)
 
@@ -81,7 +81,7 @@ class ModelRunner:
         positions = torch.tensor([len(s.prompt_ids) + len(s.output_ids) - 1 for s in seqs])  # (B,)
         kv_len = int(positions.max()) + 1
         return decode_one_token(self.model, self.cache, tokens.to(self.device), positions.to(self.device),
-                                self._slots([s.slot for s in seqs]), kv_len=kv_len)  # (B, V)
+                                self._slots([s.slot for s in seqs]), kv_len=kv_len, compiled=self.compiled)  # (B, V)
 
     def _recompute(self, seqs: list[Sequence]) -> torch.Tensor:
         """The whole sequence of every row again through the uncached ragged path (no KV cache)."""
@@ -94,6 +94,24 @@ class ModelRunner:
             positions[i, : len(r)] = torch.arange(len(r))
         last = torch.tensor([len(r) - 1 for r in rows])  # (B,)
         return self.model(ids.to(self.device), positions.to(self.device), logits_index=last.to(self.device))  # (B, V)
+
+    @torch.inference_mode()  # as in execute: the compiled graphs are guarded on it
+    def compile_decode_variants(self) -> None:
+        """Runs a compiled decode step in each variant the engine meets (one row or more; slots a range
+        from slot 0, from slot 1, from another, or a gather), so that no request waits for a compile.
+        Writes only to free slots (up to 4 of them), and zeroes them again."""
+        slots = [self.cache.allocate() for _ in range(min(4, self.cache.num_free))]
+        try:
+            for rows in ([0], [0, 1], [1], [1, 2], [2], [2, 3], [0, 2]):
+                if max(rows) >= len(slots):
+                    continue
+                tokens = torch.zeros(len(rows), dtype=torch.long, device=self.device)  # (b,)
+                positions = torch.ones(len(rows), dtype=torch.long, device=self.device)  # (b,)
+                decode_one_token(self.model, self.cache, tokens, positions, self._slots([slots[r] for r in rows]),
+                                 kv_len=2, compiled=True)
+        finally:
+            for slot in slots:
+                self.cache.free(slot)
 
     def _slots(self, slots: list[int]) -> slice | torch.Tensor:
         """A slice when the slots are one contiguous range (attention reads a view), else a tensor (a gather)."""

@@ -1,6 +1,8 @@
 """Cached decoding gives the same logits as recomputing the whole sequence, step by step."""
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -87,3 +89,26 @@ def test_random_model_greedy_same_ids_with_and_without_cache(tiny_model, tiny_to
     cached = greedy_ids(tiny_model, tiny_tokenizer, "To be", 100, use_cache=True)
     uncached = greedy_ids(tiny_model, tiny_tokenizer, "To be", 100, use_cache=False)
     assert cached == uncached
+
+
+needs_cxx = pytest.mark.skipif(TEST_DEVICE == "cpu" and not (shutil.which("g++") or shutil.which("c++")),
+                               reason="torch.compile on the CPU needs a C++ compiler")
+
+
+@needs_cxx
+@pytest.mark.parametrize("slots", [slice(1, 2), torch.tensor([2, 0])], ids=["one-row-range", "two-row-gather"])
+def test_compiled_decode_matches_eager_decode_and_full_recompute(default_model, slots):
+    model, B = default_model, 1 if isinstance(slots, slice) else 2
+    torch.manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (B, 40))
+    caches = [KVCache(model.config, num_slots=3, max_len=64) for _ in range(2)]  # eager, compiled
+    with torch.inference_mode():
+        for cache in caches:
+            prefill(model, cache, ids[:, :30], torch.arange(30).expand(B, -1), slots, torch.full((B,), 29))
+        for t in range(30, 40):
+            pos = torch.full((B,), t)
+            eager = decode_one_token(model, caches[0], ids[:, t], pos, slots, kv_len=t + 1)  # (B, V)
+            compiled = decode_one_token(model, caches[1], ids[:, t], pos, slots, kv_len=t + 1, compiled=True)
+            full = full_recompute(model, ids[:, : t + 1])  # (B, V)
+            torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=0, msg=lambda m: f"step {t}: {m}")
+            torch.testing.assert_close(compiled, full, atol=1e-5, rtol=0, msg=lambda m: f"step {t}: {m}")

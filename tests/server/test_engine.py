@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 
 import pytest
 
@@ -202,7 +203,8 @@ def test_a_slot_left_non_finite_by_a_failed_request_does_not_break_its_next_hold
     broken, beside, short = [], [], []
     eng.submit(long_prompt, SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True), broken.append)
     eng.step()
-    eng.cache.k[:, eng.scheduler.running[0].slot, :, :40] = float("nan")  # as an overflowing kernel would leave it
+    for layer in eng.cache.layers:  # keys, as an overflowing kernel would leave them
+        layer[eng.scheduler.running[0].slot, 0, :, :40] = float("nan")
     eng.submit(long_prompt[:30], SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True), beside.append)
     eng.step()
     assert broken[-1].finish_reason == "error", "the request with NaN keys must fail"
@@ -211,3 +213,17 @@ def test_a_slot_left_non_finite_by_a_failed_request_does_not_break_its_next_hold
         eng.step()
     assert short[-1].finish_reason == "length", f"the slot's next holder failed: {short[-1].error}"
     assert token_ids(short) == solo
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="torch.compile needs a C++ compiler")
+def test_compiled_engine_gives_the_eager_engines_tokens(engine, tiny_model, tiny_tokenizer):
+    compiled = Engine(tiny_model, tiny_tokenizer, max_batch=8, compile=True).start()
+    try:
+        compiled.warmup()  # compiles every decode variant first, on free slots it hands back zeroed
+        assert compiled.cache.num_used == 0
+        assert all(layer.abs().sum() == 0 for layer in compiled.cache.layers)
+        requests = [(p, GREEDY, True) for p in prompts(tiny_tokenizer, 6)]
+        assert [token_ids(o) for o in run_together(compiled, requests)] == \
+               [token_ids(o) for o in run_together(engine, requests)]
+    finally:
+        compiled.shutdown()
