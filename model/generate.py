@@ -5,9 +5,10 @@ The serving engine batches many requests with the same `prefill` / `decode_one_t
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -54,9 +55,12 @@ def _decode(model: GPT, cache: KVCache, tokens: torch.Tensor, positions: torch.T
     return model(tokens[:, None], positions[:, None], cache=cache, slots=slots, kv_len=kv_len, logits_index=index)
 
 
-# Compiled on first use, once per variant: one row or more, slots a range (from 0, 1 or another) or
-# a gather. Sizes, lengths and the first slot are symbolic, so they do not recompile.
-_compiled_decode = torch.compile(_decode, dynamic=True)
+@functools.cache
+def _compiled_decode() -> Callable[..., torch.Tensor]:
+    """`_decode` through torch.compile, made on first use (importing the compiler costs ~100 MB and
+    seconds). It compiles once per variant: one row or more, slots a range or a gather; sizes,
+    lengths and the first slot are symbolic, so they do not recompile."""
+    return torch.compile(_decode, dynamic=True)
 
 
 @torch.inference_mode()
@@ -65,7 +69,7 @@ def decode_one_token(model: GPT, cache: KVCache, tokens: torch.Tensor, positions
     """One step for every row: tokens, positions: (B,). Returns next-token logits (B, V).
     compiled: run the step through `torch.compile` (inductor fuses the small ops; on the CPU it needs
     a C++ compiler, and the first step of each variant takes seconds)."""
-    step = _compiled_decode if compiled else _decode
+    step = _compiled_decode() if compiled else _decode
     return step(model, cache, tokens, positions, slots.start if isinstance(slots, slice) else slots, kv_len)
 
 

@@ -227,3 +227,19 @@ def test_compiled_engine_gives_the_eager_engines_tokens(engine, tiny_model, tiny
                [token_ids(o) for o in run_together(engine, requests)]
     finally:
         compiled.shutdown()
+
+
+def test_an_engine_whose_compile_fails_serves_without_it(tiny_model, tiny_tokenizer, monkeypatch, caplog):
+    eng = Engine(tiny_model, tiny_tokenizer, max_batch=4, compile=True).start()
+    try:
+        def no_compiler():
+            raise RuntimeError("no C++ compiler found")
+        monkeypatch.setattr(eng.runner, "compile_decode_variants", no_compiler)
+        eng.warmup()
+        assert not eng.runner.compiled
+        assert "decoding without it: no C++ compiler found" in caplog.text
+        ids = tiny_tokenizer.encode("To be")
+        expected = [s.token_id for s in generate(tiny_model, tiny_tokenizer, ids, GREEDY)]
+        assert token_ids(eng.generate(ids, GREEDY, timeout=60)) == expected
+    finally:
+        eng.shutdown()
