@@ -36,7 +36,8 @@ class Linear(nn.Module):
 
         On the CPU, `addmm` with a few rows (a decode step) runs MKL's one-row kernel on one thread,
         however many there are; a batched product spreads the blocks over the threads. Measured on
-        2 cores: a batch-1 decode step of the default model 1.53 ms, against 2.24 ms with `addmm`.
+        2 cores, side by side: a batch-1 decode step of the default model 1.76 ms, against 2.07 ms
+        with `addmm` (BENCHMARKS.md).
         `blocks` < 2 (one thread, or a GPU) keeps the plain `addmm`."""
         n_in, n_out = self.weight.shape
         if blocks < 2 or n_out % blocks:
@@ -229,8 +230,9 @@ class GPT(nn.Module):
         padding; None means 0..T-1 for every row (training, plain causal). With `cache`, keys and
         values are written to `slots` at `positions` and attention reads the first `kv_len`
         columns of each slot (default: the whole cache). slots: (B,) slot per row, or a range of B
-        contiguous slots (read as a view): a slice, or an int, its first slot; None = 0..B-1. logits_index: (B,) index along T of
-        the one token per row whose logits are wanted; returns (B, V) then, else (B, T, V).
+        contiguous slots (read as a view): a slice, or an int, its first slot; None = 0..B-1.
+        logits_index: (B,) index along T of the one token per row whose logits are wanted; returns
+        (B, V) then, else (B, T, V).
         attention_out: a list that receives each layer's attention weights (B, nh, T, K), computed
         with an explicit softmax; leave None for the fast fused kernels.
         """
@@ -279,8 +281,7 @@ class GPT(nn.Module):
             visible = positions[:, None, :] <= positions[:, :, None]  # (B, T_q, T_k)
             mask = visible & valid[:, None, :] & valid[:, :, None]  # (B, T, T)
             return AttentionBatch(mask=additive_mask(mask[:, None], dtype), cache=None, slots=None, first_slot=0,
-                                  rows=None,
-                                  write_pos=None, kv_len=T)
+                                  rows=None, write_pos=None, kv_len=T)
         kv_len = cache.max_len if kv_len is None else kv_len
         columns = cache.columns[:kv_len]  # (K,)
         mask = columns[None, None, :] <= positions[:, :, None]  # (B, T, K); padding (-1) sees nothing
