@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from model.gpt import GPT, Linear
+from model.gpt import GPT, Linear, pairwise_sum
 
 
 @pytest.mark.parametrize("rows", [(1, 1), (3, 5)])
@@ -57,3 +57,9 @@ def test_training_mode_multiplies_the_parameters_not_the_stale_copies(tiny_confi
     before = model(ids)
     model.prepare_for_inference(threads=2)
     torch.testing.assert_close(model(ids), before.detach(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("blocks", [1, 3, 8])
+def test_pairwise_sum_adds_every_block(blocks):
+    parts = torch.randn(blocks, 3, 5, dtype=torch.float64)
+    torch.testing.assert_close(pairwise_sum(parts), parts.sum(0), atol=1e-12, rtol=0)
