@@ -27,7 +27,7 @@ class KVCache:
         *,
         max_len: int | None = None,
         dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
+        device: torch.device | str | None = None,  # None: torch's default device
     ) -> None:
         if num_slots <= 0:
             raise ValueError(f"num_slots must be positive, got {num_slots}")
