@@ -16,7 +16,7 @@ import torch
 from model.checkpoint import DEFAULT_CHECKPOINT, load_model, load_tokenizer
 from model.device import resolve_device, resolve_dtype
 from model.gpt import GPT
-from model.kv_cache import KVCache
+from model.kv_cache import KVCache, check_slot_range
 from model.sampling import SamplingParams, StopMatcher, sample
 from model.tokenizer import Tokenizer
 
@@ -70,7 +70,10 @@ def decode_one_token(model: GPT, cache: KVCache, tokens: torch.Tensor, positions
     compiled: run the step through `torch.compile` (inductor fuses the small ops; on the CPU it needs
     a C++ compiler, and the first step of each variant takes seconds)."""
     step = _compiled_decode() if compiled else _decode
-    return step(model, cache, tokens, positions, slots.start if isinstance(slots, slice) else slots, kv_len)
+    if isinstance(slots, slice):
+        check_slot_range(slots, tokens.shape[0])
+        slots = slots.start  # (what the compiled step takes: an int is symbolic, a slice a constant)
+    return step(model, cache, tokens, positions, slots, kv_len)
 
 
 @torch.inference_mode()

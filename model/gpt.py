@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.config import GPTConfig
-from model.kv_cache import KVCache
+from model.kv_cache import KVCache, check_slot_range
 
 
 HEAD_BLOCKS = 8  # the inference head sums over C in this many float32 blocks, then adds them in pairs
@@ -38,7 +38,7 @@ class Linear(nn.Module):
         however many there are; a batched product spreads the blocks over the threads. Measured on
         2 cores, side by side: a batch-1 decode step of the default model 1.76 ms, against 2.07 ms
         with `addmm` (BENCHMARKS.md).
-        `blocks` < 2 (one thread, or a GPU) keeps the plain `addmm`."""
+        `blocks` < 2 (one thread, or a GPU), or one that does not divide `out`, keeps the plain `addmm`."""
         n_in, n_out = self.weight.shape
         if blocks < 2 or n_out % blocks:
             self.split_weight = self.split_bias = None
@@ -124,7 +124,8 @@ class CausalSelfAttention(nn.Module):
             visible = torch.ones(T, K, dtype=torch.bool, device=q.device).tril(K - T)  # (T, K) plain causal
             mask = additive_mask(visible, q.dtype)  # (T, K)
         scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, nh, T, K)
-        weights = (scores + mask).softmax(dim=-1).nan_to_num(0.0)  # (B, nh, T, K)
+        scores = scores.masked_fill(mask.isneginf(), float("-inf"))  # a masked column counts for nothing, NaN or not
+        weights = scores.softmax(dim=-1).nan_to_num(0.0)  # (B, nh, T, K)
         batch.attention_out.append(weights)
         return weights @ v  # (B, nh, T, hs)
 
@@ -133,10 +134,9 @@ class CausalSelfAttention(nn.Module):
         kv_cache = batch.cache.layers[self.layer_idx]  # (S, 2, nh, max_len + 1, hs)
         kv_cache[batch.rows, :, :, batch.write_pos] = kv  # in place at each row's own positions, keys and values
         if batch.slots is None:
-            kv_cache = kv_cache.narrow(0, batch.first_slot, kv.shape[0])  # (B, 2, nh, max_len + 1, hs), a view
+            kv = kv_cache.narrow(0, batch.first_slot, kv.shape[0])[:, :, :, : batch.kv_len]  # (B, 2, nh, K, hs), a view
         else:
-            kv_cache = kv_cache[batch.slots]  # (B, 2, nh, max_len + 1, hs), a gather
-        kv = kv_cache[:, :, :, : batch.kv_len]  # (B, 2, nh, K, hs)
+            kv = kv_cache[batch.slots, :, :, : batch.kv_len]  # (B, 2, nh, K, hs), a gather of the K columns only
         return kv[:, 0], kv[:, 1]
 
 
@@ -299,6 +299,8 @@ class GPT(nn.Module):
         if isinstance(slots, torch.Tensor):
             rows, first_slot = slots, 0  # (B,)
         else:  # a range: a slice, its first slot as an int (what a compiled step passes), or None for 0..B-1
+            if isinstance(slots, slice):
+                check_slot_range(slots, B)
             first_slot = slots.start if isinstance(slots, slice) else 0 if slots is None else slots
             rows, slots = torch.arange(first_slot, first_slot + B, device=positions.device), None  # (B,)
         return AttentionBatch(mask=additive_mask(mask[:, None], dtype), cache=cache, slots=slots,

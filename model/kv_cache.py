@@ -86,6 +86,12 @@ class KVCache:
         return sum(layer.numel() * layer.element_size() for layer in self.layers)
 
 
+def check_slot_range(slots: slice, rows: int) -> None:
+    """A range of slots must hold exactly one slot per row of the batch."""
+    if slots.stop - slots.start != rows:
+        raise ValueError(f"slots {slots} hold {slots.stop - slots.start} rows, the batch has {rows}")
+
+
 def slot_index(slots: list[int]) -> slice | None:
     """The slots as a slice when they are one ascending contiguous range (read as a view), else None."""
     if slots and slots == list(range(slots[0], slots[0] + len(slots))):

@@ -86,12 +86,13 @@ class Engine:
     def __init__(self, model: GPT, tokenizer: Tokenizer, *, max_batch: int = 32, max_waiting: int = 128,
                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
                  name: str = "model", threads: int | None = None, compile: bool = False) -> None:
-        """`threads` sets torch's intra-op threads on the engine thread only (None: torch's default, one
-        per core). On a 2-core CPU, 2 threads beat 1 under load even though the HTTP loop shares the
-        cores (BENCHMARKS.md: more tokens/s at concurrency 32, lower p99 there, a noisier p99 alone)."""
+        """`threads` sets torch's intra-op threads on the engine thread (None: torch's default, one
+        per core), and re-prepares the model's weight blocks for that many threads, in place, for every
+        holder of the model. On a 2-core CPU, 2 threads beat 1 under load even though the HTTP loop shares
+        the cores (BENCHMARKS.md: more tokens/s at concurrency 32, lower p99 there, a noisier p99 alone)."""
         self.threads = threads
-        if threads:
-            model.prepare_for_inference(threads)  # its weight blocks follow the engine's thread count
+        if threads:  # the weight blocks follow the engine's thread count (the model is changed in place)
+            model.prepare_for_inference(threads)
         self.model, self.tokenizer, self.name = model, tokenizer, name
         self.config = model.config
         param = next(model.parameters())

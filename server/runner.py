@@ -2,6 +2,7 @@
 recompute, then one sampled token per request that has reached the end of its prompt."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,8 @@ from model.sampling import sample
 from server.scheduler import PrefillChunk, SchedulerOutput
 from server.sequence import Sequence
 
+
+log = logging.getLogger("kvserve.runner")
 
 NON_FINITE = "the model produced non-finite logits (NaN or inf) for this request"
 
@@ -80,8 +83,15 @@ class ModelRunner:
         tokens = torch.tensor([s.output_ids[-1] for s in seqs])  # (B,)
         positions = torch.tensor([len(s.prompt_ids) + len(s.output_ids) - 1 for s in seqs])  # (B,)
         kv_len = int(positions.max()) + 1
-        return decode_one_token(self.model, self.cache, tokens.to(self.device), positions.to(self.device),
-                                self._slots([s.slot for s in seqs]), kv_len=kv_len, compiled=self.compiled)  # (B, V)
+        args = (self.model, self.cache, tokens.to(self.device), positions.to(self.device),
+                self._slots([s.slot for s in seqs]))
+        if self.compiled:
+            try:
+                return decode_one_token(*args, kv_len=kv_len, compiled=True)  # (B, V)
+            except Exception as e:  # a variant that failed to compile: every later step decodes eagerly
+                log.warning("torch.compile of the decode step failed, decoding without it: %s", e)
+                self.compiled = False
+        return decode_one_token(*args, kv_len=kv_len)  # (B, V)
 
     def _recompute(self, seqs: list[Sequence]) -> torch.Tensor:
         """The whole sequence of every row again through the uncached ragged path (no KV cache)."""

@@ -7,7 +7,9 @@ import copy
 import pytest
 import torch
 
+from model.generate import decode_one_token, full_recompute, prefill
 from model.gpt import GPT, Linear, pairwise_sum
+from model.kv_cache import KVCache
 
 
 @pytest.mark.parametrize("rows", [(1, 1), (3, 5)])
@@ -63,3 +65,33 @@ def test_training_mode_multiplies_the_parameters_not_the_stale_copies(tiny_confi
 def test_pairwise_sum_adds_every_block(blocks):
     parts = torch.randn(blocks, 3, 5, dtype=torch.float64)
     torch.testing.assert_close(pairwise_sum(parts), parts.sum(0), atol=1e-12, rtol=0)
+
+
+def test_prepared_model_decodes_a_ragged_gathered_batch_as_each_sequence_alone(tiny_config):
+    """The column-blocked weights and the blocked head on the cached path: rows at different lengths,
+    slots that are not a range (a gather), padding in the prefill."""
+    torch.manual_seed(0)
+    model = GPT(tiny_config).prepare_for_inference(threads=2)
+    lengths, slots = [7, 3], torch.tensor([2, 0])
+    ids = torch.randint(0, tiny_config.vocab_size, (2, 10))
+    positions = torch.full((2, 7), -1)
+    for row, n in enumerate(lengths):
+        positions[row, :n] = torch.arange(n)
+    cache = KVCache(tiny_config, num_slots=3, max_len=32)
+    with torch.inference_mode():
+        prefill(model, cache, ids[:, :7], positions, slots, torch.tensor(lengths) - 1)
+        for step in range(3):
+            pos = torch.tensor(lengths) + step  # (2,)
+            tokens = ids[torch.arange(2), pos]  # (2,)
+            logits = decode_one_token(model, cache, tokens, pos, slots, kv_len=int(pos.max()) + 1)  # (2, V)
+            for row in range(2):
+                alone = full_recompute(model, ids[row: row + 1, : int(pos[row]) + 1])[0]  # (V,)
+                torch.testing.assert_close(logits[row], alone, atol=1e-5, rtol=0, msg=lambda m: f"row {row}: {m}")
+
+
+def test_a_slice_of_slots_must_match_the_batch(tiny_config):
+    model = GPT(tiny_config).prepare_for_inference(threads=2)
+    cache = KVCache(tiny_config, num_slots=4, max_len=16)
+    with pytest.raises(ValueError, match="hold 3 rows, the batch has 2"):
+        decode_one_token(model, cache, torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long),
+                         slice(0, 3), kv_len=1)

@@ -220,6 +220,7 @@ def test_compiled_engine_gives_the_eager_engines_tokens(engine, tiny_model, tiny
     compiled = Engine(tiny_model, tiny_tokenizer, max_batch=8, compile=True).start()
     try:
         compiled.warmup()  # compiles every decode variant first, on free slots it hands back zeroed
+        assert compiled.runner.compiled, "the warmup's compile failed, so the engine fell back to eager"
         assert compiled.cache.num_used == 0
         assert all(layer.abs().sum() == 0 for layer in compiled.cache.layers)
         requests = [(p, GREEDY, True) for p in prompts(tiny_tokenizer, 6)]
