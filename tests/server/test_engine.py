@@ -244,3 +244,24 @@ def test_an_engine_whose_compile_fails_serves_without_it(tiny_model, tiny_tokeni
         assert token_ids(eng.generate(ids, GREEDY, timeout=60)) == expected
     finally:
         eng.shutdown()
+
+
+def test_a_decode_step_whose_compile_fails_later_is_decoded_eagerly(tiny_model, tiny_tokenizer, monkeypatch, caplog):
+    eager_decode = server.runner.decode_one_token
+
+    def compile_fails(*args, compiled=False, **kwargs):
+        if compiled:
+            raise RuntimeError("inductor: an unsupported op")
+        return eager_decode(*args, **kwargs)
+
+    monkeypatch.setattr(server.runner, "decode_one_token", compile_fails)
+    eng = Engine(tiny_model, tiny_tokenizer, max_batch=4, compile=True).start()  # no warmup: the first step compiles
+    try:
+        ids = tiny_tokenizer.encode("To be")
+        expected = [s.token_id for s in generate(tiny_model, tiny_tokenizer, ids, GREEDY)]
+        outs = eng.generate(ids, GREEDY, timeout=60)
+        assert token_ids(outs) == expected and outs[-1].finish_reason == "length"
+        assert not eng.runner.compiled
+        assert "decoding without it: inductor: an unsupported op" in caplog.text
+    finally:
+        eng.shutdown()
