@@ -301,7 +301,8 @@ class GPT(nn.Module):
         else:  # a range: a slice, its first slot as an int (what a compiled step passes), or None for 0..B-1
             if isinstance(slots, slice):
                 check_slot_range(slots, B)
-            first_slot = slots.start if isinstance(slots, slice) else 0 if slots is None else slots
+                slots = slots.start
+            first_slot = 0 if slots is None else slots
             rows, slots = torch.arange(first_slot, first_slot + B, device=positions.device), None  # (B,)
         return AttentionBatch(mask=additive_mask(mask[:, None], dtype), cache=cache, slots=slots,
                               first_slot=first_slot, rows=rows[:, None], write_pos=write_pos, kv_len=kv_len)

@@ -203,9 +203,8 @@ class Engine:
         if self.runner.compiled:
             try:
                 self.run_between_steps(self.runner.compile_decode_variants).result(timeout=1800)
-            except Exception as e:  # no C++ compiler, an unsupported op: serve, eagerly, rather than not at all
-                log.warning("torch.compile of the decode step failed, decoding without it: %s", e)
-                self.runner.compiled = False
+            except Exception as e:
+                self.runner.fall_back_to_eager(e)
         prompt = self.tokenizer.encode("Hello") or [0]
         for use_cache in (True, False):
             self.generate(prompt[: self.context_length - 2], SamplingParams(max_new_tokens=2, temperature=0),

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 PUBLIC_PATHS = ("/health",)  # open without the key, for load balancers and orchestrators
-PUBLIC_PAGE = ("/", "/static/")
-DRAIN_LIMIT = 64 * 2**20  # bytes of a refused body read and dropped so that the 413 reaches the client  # the playground page and its files: no data in them; the API calls need the key
+PUBLIC_PAGE = ("/", "/static/")  # the playground page and its files: no data in them; the API calls need the key
+DRAIN_LIMIT = 64 * 2**20  # bytes of a refused body read and dropped so that the 413 reaches the client
 
 
 async def send_error(send: Send, status: int, message: str, error_type: str,

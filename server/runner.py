@@ -88,10 +88,15 @@ class ModelRunner:
         if self.compiled:
             try:
                 return decode_one_token(*args, kv_len=kv_len, compiled=True)  # (B, V)
-            except Exception as e:  # a variant that failed to compile: every later step decodes eagerly
-                log.warning("torch.compile of the decode step failed, decoding without it: %s", e)
-                self.compiled = False
+            except Exception as e:
+                self.fall_back_to_eager(e)
         return decode_one_token(*args, kv_len=kv_len)  # (B, V)
+
+    def fall_back_to_eager(self, error: Exception) -> None:
+        """A decode variant failed to compile (no C++ compiler, an unsupported op): serve eagerly rather
+        than not at all; every later step decodes without torch.compile."""
+        log.warning("torch.compile of the decode step failed, decoding without it: %s", error)
+        self.compiled = False
 
     def _recompute(self, seqs: list[Sequence]) -> torch.Tensor:
         """The whole sequence of every row again through the uncached ragged path (no KV cache)."""
