@@ -9,6 +9,10 @@ ARG TORCH_INDEX=
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 
+# g++ builds the exact CPU kernels (model/kernels/csrc) on first use; without it the server runs
+# torch's kernels and says so in its log
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
+
 # torch first, from the chosen index, so the project install never swaps in another build
 RUN pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX:+--index-url "${TORCH_INDEX}"}
 # README.md* : pyproject names it as the long description; the glob keeps the build working without it
@@ -17,6 +21,8 @@ COPY model ./model
 COPY server ./server
 RUN pip install . && useradd --create-home kvserve
 USER kvserve
+# build the kernels now, for this image's CPU (a different CPU at run time builds its own at start-up)
+RUN python -c "from model import kernels; print(kernels.unavailable_reason() or 'exact kernels built')"
 
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \

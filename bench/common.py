@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from model import kernels
 from model.checkpoint import DEFAULT_CHECKPOINT
 from model.device import resolve_device, resolve_dtype
 
@@ -26,17 +28,44 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="float32", help="float32, bfloat16, float16")
     ap.add_argument("--out", default=None, help=f"output folder (default {RESULTS_DIR})")
     ap.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, few repeats")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    ap.add_argument("--compile", action="store_true",
-                    help="also time decode steps through torch.compile (the server's --compile)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: one per core)")
+    ap.add_argument("--kernels", default="auto", choices=["auto", "exact", "stock", "both"],
+                    help="the step's kernels: ours (exact), torch's (stock), or both side by side "
+                         "(default: exact where they run)")
     return ap
 
 
 def resolve(args: argparse.Namespace) -> tuple[torch.device, torch.dtype]:
-    """Device and dtype from the flags; applies --threads."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    """Device and dtype from the flags. Applies --threads: to the exact kernels' pool, with torch on
+    one thread (as the engine runs them), unless only the stock kernels are asked for."""
+    threads = args.threads or os.cpu_count() or 1
+    kernels.set_num_threads(threads)
+    torch.set_num_threads(threads if args.kernels == "stock" else 1)
     return resolve_device(args.device), resolve_dtype(args.dtype)
+
+
+def kernel_sets(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> list[str]:
+    """The kernels to time: ['exact', 'stock'] for --kernels both, else the one asked for (auto: what runs)."""
+    if args.kernels == "both":
+        return ["exact", "stock"] if kernels.kernels_for(device, dtype) == "exact" else ["stock"]
+    if args.kernels == "auto":
+        return [kernels.kernels_for(device, dtype)]
+    return [args.kernels]
+
+
+def stock_threads(name: str) -> "contextlib.AbstractContextManager":
+    """torch's own thread count while the stock kernels run (they use torch's pool, the exact ones theirs)."""
+    return _torch_threads(os.cpu_count() or 1) if name == "stock" else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def cpu_model() -> str:
@@ -54,6 +83,7 @@ def machine_info(device: torch.device | None = None, dtype: torch.dtype | None =
         "cpu": cpu_model(),
         "cpu_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "kernel_threads": kernels.num_threads(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),

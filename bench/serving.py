@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 
 from bench.common import RESULTS_DIR, base_parser, machine_info, resolve, write_result
-from server.loadtest import LoadTestConfig, load_prompts, run_load_test
-from server.loadtest_report import render_tables, write_plots
+from loadtest.client import LoadTestConfig, load_prompts, run_load_test
+from loadtest.report import render_tables, write_plots
 
 
 def free_port() -> int:

@@ -22,7 +22,7 @@ from model.checkpoint import DEFAULT_CHECKPOINT, save_checkpoint  # noqa: E402
 from model.config import GPTConfig  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from model.tokenizer import train_tokenizer  # noqa: E402
-from server.app import create_app  # noqa: E402
+from server.api.app import create_app  # noqa: E402
 from server.engine import Engine, EngineArgs  # noqa: E402
 from tests.conftest import TINY_TEXT  # noqa: E402
 from tests.server.conftest import LiveServer  # noqa: E402

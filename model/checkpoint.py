@@ -58,7 +58,9 @@ def load_model(
     *,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
+    kernels: str = "auto",
 ) -> GPT:
+    """The checkpoint's model on `device`, ready for inference with `kernels` (see GPT.prepare_for_inference)."""
     directory = Path(directory or DEFAULT_CHECKPOINT)
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory {directory} does not exist")
@@ -82,7 +84,7 @@ def load_model(
                 f"config.json implies {tuple(expected[key].shape)}"
             )
     model.load_state_dict(state)
-    return model.to(device=device, dtype=dtype).prepare_for_inference()
+    return model.to(device=device, dtype=dtype).prepare_for_inference(kernels)
 
 
 def load_tokenizer(directory: str | Path | None = None) -> Tokenizer:

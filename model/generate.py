@@ -1,14 +1,15 @@
-"""Plain generation for one prompt: `prefill`, `decode_one_token`, `generate`, and the CLI.
+"""Plain generation for one prompt: `prefill`, `decode_one_token`, `recompute`, `generate`, and the CLI.
 
-The serving engine batches many requests with the same `prefill` / `decode_one_token` steps.
+Each step is one `GPT.forward_step` over a `StepBatch`, the same call the serving engine batches;
+here the sequence owns a small paged cache of its own, blocks 0, 1, 2, ... in order.
 """
 from __future__ import annotations
 
 import argparse
-import functools
+import random
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -16,9 +17,12 @@ import torch
 from model.checkpoint import DEFAULT_CHECKPOINT, load_model, load_tokenizer
 from model.device import resolve_device, resolve_dtype
 from model.gpt import GPT
-from model.kv_cache import KVCache, check_slot_range
-from model.sampling import SamplingParams, StopMatcher, sample
+from model.kv_cache import PagedKVCache, StepBatch
+from model.sampling import SamplingBatch, SamplingParams, sample
+from model.text import OutputText
 from model.tokenizer import Tokenizer
+
+BLOCK_SIZE = 16
 
 
 class PromptError(ValueError):
@@ -39,75 +43,34 @@ def check_prompt(prompt_ids: list[int], max_new_tokens: int, context: int, vocab
                           f"exceeds the context of {context} tokens")
 
 
-@torch.inference_mode()
-def prefill(model: GPT, cache: KVCache, input_ids: torch.Tensor, positions: torch.Tensor,
-            slots: torch.Tensor | slice, last_index: torch.Tensor, kv_len: int | None = None) -> torch.Tensor:
-    """Writes the prompt's keys/values into the cache. input_ids, positions: (B, T), padding at -1.
-    last_index: (B,) index of each row's last real token. Returns its logits (B, V)."""
-    return model(input_ids, positions, cache=cache, slots=slots, kv_len=kv_len, logits_index=last_index)
+def sequence_cache(model: GPT, length: int, block_size: int = BLOCK_SIZE) -> tuple[PagedKVCache, list[int]]:
+    """A cache for one sequence of up to `length` tokens, and its block table."""
+    blocks = -(-length // block_size)
+    cache = PagedKVCache(model.config, blocks, block_size, dtype=model.dtype, device=model.device)
+    return cache, list(range(blocks))
 
 
-def _decode(model: GPT, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
-            slots: torch.Tensor | int, kv_len: int | None) -> torch.Tensor:
-    """slots: (B,), or an int, the first of B contiguous slots (where a slice would be a constant to
-    torch.compile, and every range a recompile)."""
-    index = torch.zeros_like(tokens)  # (B,): the single token of each row
-    return model(tokens[:, None], positions[:, None], cache=cache, slots=slots, kv_len=kv_len, logits_index=index)
+def prefill(model: GPT, cache: PagedKVCache, ids: list[int], blocks: list[int], start: int = 0) -> torch.Tensor:
+    """Writes tokens `ids`, at positions start.., into the cache; returns the last one's logits (1, V)."""
+    step = StepBatch.build([(ids, start, blocks)], cache.block_size, model.device)
+    return model.compute_logits(model.forward_step(step, cache)[-1:])  # (1, V)
 
 
-@functools.cache
-def _compiled_decode() -> Callable[..., torch.Tensor]:
-    """`_decode` through torch.compile, made on first use (importing the compiler costs ~100 MB and
-    seconds). It compiles once per variant: one row or more, slots a range or a gather; sizes,
-    lengths and the first slot are symbolic, so they do not recompile."""
-    return torch.compile(_decode, dynamic=True)
+def decode_one_token(model: GPT, cache: PagedKVCache, token: int, position: int, blocks: list[int]) -> torch.Tensor:
+    """One cached step: the token at `position`, over the keys before it. Returns next-token logits (1, V)."""
+    return prefill(model, cache, [token], blocks, position)
 
 
-@torch.inference_mode()
-def decode_one_token(model: GPT, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor,
-                     slots: torch.Tensor | slice, kv_len: int | None = None, compiled: bool = False) -> torch.Tensor:
-    """One step for every row: tokens, positions: (B,). Returns next-token logits (B, V).
-    compiled: run the step through `torch.compile` (inductor fuses the small ops; on the CPU it needs
-    a C++ compiler, and the first step of each variant takes seconds)."""
-    step = _compiled_decode() if compiled else _decode
-    if isinstance(slots, slice):
-        check_slot_range(slots, tokens.shape[0])
-        slots = slots.start  # (what the compiled step takes: an int is symbolic, a slice a constant)
-    return step(model, cache, tokens, positions, slots, kv_len)
+def recompute(model: GPT, cache: PagedKVCache, ids: list[int], blocks: list[int]) -> torch.Tensor:
+    """One uncached step: the whole sequence again, every key and value recomputed (the cache is only
+    scratch). Returns the last position's logits (1, V)."""
+    return prefill(model, cache, ids, blocks, 0)
 
 
 @torch.inference_mode()
 def full_recompute(model: GPT, ids: torch.Tensor) -> torch.Tensor:
-    """Uncached step: the whole sequence again, plain causal. ids: (B, T). Returns the last
-    position's logits (B, V), computed for that row only, as a cached step computes them."""
-    B, T = ids.shape
-    last = torch.full((B,), T - 1, device=ids.device)  # (B,)
-    return model(ids, logits_index=last)  # (B, V)
-
-
-class OutputText:
-    """One request's text, token by token: EOS, stop strings (found across tokens, never leaked),
-    streaming detokenization (never a torn character) and max_new_tokens. `generate` and the serving
-    engine both keep one per request."""
-
-    def __init__(self, tokenizer: Tokenizer, params: SamplingParams) -> None:
-        self.params, self.eos_token_id = params, tokenizer.eos_token_id
-        self._decoder, self._stops = tokenizer.stream(skip_special=True), StopMatcher(params.stop)
-        self.num_tokens = 0
-        self.finish_reason: str | None = None  # 'eos', 'stop' or 'length' once the request is done
-
-    def push(self, token_id: int) -> str:
-        """The text this token completes ('' mid-character or while a stop string may be starting)."""
-        self.num_tokens += 1
-        eos = token_id == self.eos_token_id and not self.params.ignore_eos
-        text = "" if eos else self._stops.push(self._decoder.push(token_id))
-        last = eos or self._stops.matched is not None or self.num_tokens >= self.params.max_new_tokens
-        if last and self._stops.matched is None:  # release what was held back: a torn character, a stop prefix
-            text += self._stops.push(self._decoder.flush())
-            text += self._stops.flush()
-        if last:
-            self.finish_reason = "stop" if self._stops.matched is not None else "eos" if eos else "length"
-        return text
+    """The reference forward (B, T) through torch's kernels, last position's logits (B, V) in float32."""
+    return model(ids)[:, -1].float()
 
 
 @dataclass
@@ -119,36 +82,33 @@ class Step:
 
 
 def generate(model: GPT, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams,
-             use_cache: bool = True, compiled: bool = False) -> Iterator[Step]:
-    """Yields one Step per generated token. compiled: cached decode steps through torch.compile."""
-    device = next(model.parameters()).device
-    prompt_ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    context = model.config.n_positions
-    check_prompt(prompt_ids, params.max_new_tokens, context, model.config.vocab_size)
-    generator = params.make_generator(device)
-    ids = torch.tensor([prompt_ids], device=device)  # (1, T)
-    cache = KVCache(model.config, 1, max_len=len(prompt_ids) + params.max_new_tokens,
-                    dtype=next(model.parameters()).dtype, device=device) if use_cache else None
-    if cache is not None:
-        positions = torch.arange(ids.shape[1], device=device)[None]  # (1, T)
-        logits = prefill(model, cache, ids, positions, slice(0, 1), torch.tensor([ids.shape[1] - 1], device=device))
-    else:
-        logits = full_recompute(model, ids)
+             use_cache: bool = True) -> Iterator[Step]:
+    """Yields one Step per generated token."""
+    device = model.device
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    check_prompt(ids, params.max_new_tokens, model.config.n_positions, model.config.vocab_size)
+    seed = params.seed if params.seed is not None else random.getrandbits(63)
+    cache, blocks = sequence_cache(model, len(ids) + params.max_new_tokens)
+    logits = prefill(model, cache, ids, blocks) if use_cache else recompute(model, cache, ids, blocks)
     output = OutputText(tokenizer, params)
-    history = ids[0]
+    seen = torch.zeros((1, model.config.vocab_size), dtype=torch.bool, device=device) if params.penalized else None
+    if seen is not None:
+        seen[0, ids] = True
     while True:
-        token, logprob = sample(logits, [params], [generator], [history])
+        batch = SamplingBatch.from_params([params], [seed], [output.num_tokens], device, seen)
+        token, logprob = sample(logits, batch)
         token_id = int(token[0])
         text = output.push(token_id)
         yield Step(token_id, text, float(logprob[0]), output.finish_reason)
         if output.finish_reason is not None:
             return
-        history = torch.cat([history, token])  # only for the repetition penalty; the cache is in place
-        if cache is not None:
-            pos = torch.tensor([history.numel() - 1], device=device)
-            logits = decode_one_token(model, cache, token, pos, slice(0, 1), compiled=compiled)
+        ids.append(token_id)
+        if seen is not None:
+            seen[0, token_id] = True
+        if use_cache:
+            logits = decode_one_token(model, cache, token_id, len(ids) - 1, blocks)
         else:
-            logits = full_recompute(model, history[None])
+            logits = recompute(model, cache, ids, blocks)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,20 +123,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--stop", action="append", default=[])
     ap.add_argument("--no-cache", action="store_true", help="recompute the whole sequence at every step")
-    ap.add_argument("--compile", action="store_true", help="decode steps through torch.compile (first one slow)")
+    ap.add_argument("--kernels", default="auto", choices=["auto", "exact", "stock"],
+                    help="exact: our bit-exact CPU kernels; stock: torch's (default: exact where they run)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args(argv)
     device = resolve_device(args.device)
-    model = load_model(args.checkpoint, device=device, dtype=resolve_dtype(args.dtype))
+    model = load_model(args.checkpoint, device=device, dtype=resolve_dtype(args.dtype), kernels=args.kernels)
     tokenizer = load_tokenizer(args.checkpoint)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
                             stop=tuple(args.stop))
     start, n, reason = time.perf_counter(), 0, None
     try:
-        for step in generate(model, tokenizer, args.prompt, params, use_cache=not args.no_cache,
-                             compiled=args.compile):
+        for step in generate(model, tokenizer, args.prompt, params, use_cache=not args.no_cache):
             sys.stdout.write(step.text)
             sys.stdout.flush()
             n, reason = n + 1, step.finish_reason
@@ -186,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - start
     sys.stdout.write("\n")
     print(f"[{n} tokens in {elapsed:.2f}s, {n / elapsed:.1f} tok/s, finish={reason}, "
-          f"cache={'off' if args.no_cache else 'on'}, device={device}]", file=sys.stderr)
+          f"cache={'off' if args.no_cache else 'on'}, device={device}, kernels={model.kernels}]", file=sys.stderr)
     return 0
 
 

@@ -1,99 +1,140 @@
-"""A preallocated key/value cache with slots: one slot per sequence, written in place by position."""
+"""The paged KV cache: keys and values in a pool of fixed-size blocks, and the flattened step that
+reads and writes them.
+
+A sequence's keys and values live in the blocks its block table lists, in order: position p sits in
+block `table[p // block_size]` at offset `p % block_size`. Which blocks a sequence holds is the
+engine's business (server/engine/block_manager.py); this module only stores them.
+"""
 from __future__ import annotations
 
-import heapq
+import ctypes
+import sys
+from dataclasses import dataclass
 
 import torch
 
 from model.config import GPTConfig
 
+HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14
 
-class CacheFullError(RuntimeError):
-    """Every slot is taken."""
+
+def zeros_in_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """torch.zeros, asking Linux for 2 MiB pages first on the CPU (where transparent huge pages are
+    on 'madvise'): attention reads each sequence's blocks from all over a large cache, and small
+    pages make that a TLB miss per block (BENCHMARKS.md)."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    if t.device.type == "cpu" and t.numel() * t.element_size() >= 2 * HUGE_PAGE and sys.platform == "linux":
+        start = -(-t.data_ptr() // HUGE_PAGE) * HUGE_PAGE
+        end = (t.data_ptr() + t.numel() * t.element_size()) // HUGE_PAGE * HUGE_PAGE
+        try:
+            ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start),
+                                                      _MADV_HUGEPAGE)
+        except (OSError, AttributeError):
+            pass  # only a hint
+    return t.zero_()
 
 
-class KVCache:
-    """Keys and values for `num_slots` sequences of up to `max_len` tokens, allocated once.
+@dataclass
+class StepBatch:
+    """One forward over the new tokens of several sequences, back to back: N tokens, S sequences."""
 
-    Layout per layer: (num_slots, 2, n_head, max_len + 1, head_dim), keys then values. The extra
-    column at index `max_len` is scratch: padding tokens of a ragged batch write there, and attention
-    never reads it, so padding can never clobber a real position.
-    """
+    token_ids: torch.Tensor  # (N,) int64
+    positions: torch.Tensor  # (N,) int64, each token's position in its own sequence
+    slot_mapping: torch.Tensor  # (N,) int64, cache slot its keys/values are written to: block * block_size + offset
+    query_start: torch.Tensor  # (S + 1,) int32, index of each sequence's first token; query_start[S] = N
+    seq_lens: torch.Tensor  # (S,) int32, keys each sequence attends over after this step: last position + 1
+    block_tables: torch.Tensor  # (rows, max_blocks) int32, block ids; a sequence's row lists its blocks in order
+    seq_rows: torch.Tensor  # (S,) int32, each sequence's row in block_tables
+    max_query_len: int  # the longest run of new tokens of one sequence (sizes the stock attention's padding)
+    max_seq_len: int  # the largest seq_lens entry
 
-    def __init__(
-        self,
-        config: GPTConfig,
-        num_slots: int,
-        *,
-        max_len: int | None = None,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,  # None: torch's default device
-    ) -> None:
-        if num_slots <= 0:
-            raise ValueError(f"num_slots must be positive, got {num_slots}")
-        self.max_len = max_len or config.n_positions
-        if self.max_len > config.n_positions:
-            raise ValueError(f"max_len {self.max_len} exceeds the model context {config.n_positions}")
-        self.num_slots = num_slots
-        shape = (num_slots, 2, config.n_head, self.max_len + 1, config.head_dim)
-        # One tensor per layer, keys and values side by side: a layer writes both with one in-place
-        # index_put, and on a tensor of its own (not a view of a bigger one) so that a compiled step
-        # writes in place too, where a write through a view would copy the whole cache.
-        self.layers = [torch.zeros(shape, dtype=dtype, device=device)  # each (S, 2, nh, max_len + 1, hs)
-                       for _ in range(config.n_layer)]
-        self.columns = torch.arange(self.max_len + 1, device=device)  # column indices, for masks
-        # A heap: the lowest free slot goes first, which keeps running slots packed at the front, so a
-        # batch's slots are often one contiguous range and attention reads them without a gather.
-        self._free: list[int] = list(range(num_slots))
+    @classmethod
+    def build(cls, sequences: list[tuple[list[int], int, list[int]]], block_size: int,
+              device: torch.device | str = "cpu") -> "StepBatch":
+        """A step from plain lists, one entry per sequence: (its new token ids, the position of the
+        first, its block table). For generate() and tests; the engine fills preallocated buffers."""
+        ids, positions, slots, starts, lens = [], [], [], [0], []
+        width = max(len(blocks) for _, _, blocks in sequences)
+        tables = torch.zeros((len(sequences), width), dtype=torch.int32)
+        for row, (tokens, start, blocks) in enumerate(sequences):
+            span = range(start, start + len(tokens))
+            ids += tokens
+            positions += span
+            slots += [blocks[p // block_size] * block_size + p % block_size for p in span]
+            starts.append(starts[-1] + len(tokens))
+            lens.append(start + len(tokens))
+            tables[row, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        return cls(torch.tensor(ids, device=device), torch.tensor(positions, device=device),
+                   torch.tensor(slots, device=device), torch.tensor(starts, dtype=torch.int32, device=device),
+                   torch.tensor(lens, dtype=torch.int32, device=device), tables.to(device),
+                   torch.arange(len(sequences), dtype=torch.int32, device=device),
+                   max(len(t) for t, _, _ in sequences), max(lens))
 
     @property
-    def scratch_column(self) -> int:
-        return self.max_len
+    def num_tokens(self) -> int:
+        return self.token_ids.shape[0]
 
     @property
-    def num_free(self) -> int:
-        return len(self._free)
+    def num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+
+class PagedKVCache:
+    """`num_blocks` blocks of `block_size` tokens, allocated once, one tensor per layer:
+    (num_blocks, 2, n_head, block_size * head_dim), keys then values. Within a block, a head's keys
+    are stored transposed, [head_dim][block_size], and its values [block_size][head_dim]
+    (model/kernels/csrc/attention.cpp says why)."""
+
+    def __init__(self, config: GPTConfig, num_blocks: int, block_size: int = 16, *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.config, self.num_blocks, self.block_size = config, num_blocks, block_size
+        self.n_head, self.head_dim = config.n_head, config.head_dim
+        shape = (num_blocks, 2, config.n_head, block_size * config.head_dim)
+        # One tensor per layer: each layer's attention writes and reads its own, in place.
+        self.layers = [zeros_in_huge_pages(shape, dtype, device) for _ in range(config.n_layer)]
+
+    @staticmethod
+    def bytes_per_block(config: GPTConfig, block_size: int, dtype: torch.dtype) -> int:
+        """Keys and values of `block_size` tokens, all layers."""
+        return config.n_layer * 2 * config.n_embd * block_size * torch.empty((), dtype=dtype).element_size()
+
+    @classmethod
+    def blocks_for_memory(cls, config: GPTConfig, memory_bytes: int, block_size: int, dtype: torch.dtype) -> int:
+        return memory_bytes // cls.bytes_per_block(config, block_size, dtype)
 
     @property
-    def num_used(self) -> int:
-        return self.num_slots - len(self._free)
+    def dtype(self) -> torch.dtype:
+        return self.layers[0].dtype
 
-    def allocate(self) -> int:
-        if not self._free:
-            raise CacheFullError(f"all {self.num_slots} KV-cache slots are in use")
-        return heapq.heappop(self._free)
-
-    def free(self, slot: int) -> None:
-        if not 0 <= slot < self.num_slots:
-            raise ValueError(f"slot {slot} out of range [0, {self.num_slots})")
-        if slot in self._free:
-            raise ValueError(f"slot {slot} is already free")
-        # Zeroed on the way out: a masked column still multiplies its value by a zero weight, so a NaN
-        # left by a failed request would poison the slot's next holder (one memset per request).
-        for layer in self.layers:
-            layer[slot].zero_()
-        heapq.heappush(self._free, slot)
-
-    def bytes_per_token(self) -> int:
-        """Cache bytes one token of one sequence occupies (keys and values, all layers)."""
-        _, _, n_head, _, head_dim = self.layers[0].shape
-        return len(self.layers) * 2 * n_head * head_dim * self.layers[0].element_size()
-
-    def bytes_per_slot(self) -> int:
-        return self.bytes_per_token() * (self.max_len + 1)
+    @property
+    def device(self) -> torch.device:
+        return self.layers[0].device
 
     def total_bytes(self) -> int:
         return sum(layer.numel() * layer.element_size() for layer in self.layers)
 
+    def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of one layer's keys (num_blocks, nh, hd, bs) (transposed) and values (num_blocks, nh, bs, hd)."""
+        kv = self.layers[layer]
+        nb, bs, nh, hd = self.num_blocks, self.block_size, self.n_head, self.head_dim
+        return kv[:, 0].view(nb, nh, hd, bs), kv[:, 1].view(nb, nh, bs, hd)
 
-def check_slot_range(slots: slice, rows: int) -> None:
-    """A range of slots must hold exactly one slot per row of the batch."""
-    if slots.stop - slots.start != rows:
-        raise ValueError(f"slots {slots} hold {slots.stop - slots.start} rows, the batch has {rows}")
+    def read(self, layer: int, block_ids: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first `length` positions of a sequence held in `block_ids`: keys, values (nh, length, hd)."""
+        keys, values = self.keys_values(layer)
+        index = torch.tensor(block_ids, device=self.device)
+        k = keys[index].permute(1, 0, 3, 2).reshape(self.n_head, -1, self.head_dim)  # (nh, n_blocks * bs, hd)
+        v = values[index].permute(1, 0, 2, 3).reshape(self.n_head, -1, self.head_dim)  # (nh, n_blocks * bs, hd)
+        return k[:, :length], v[:, :length]
 
-
-def slot_index(slots: list[int]) -> slice | None:
-    """The slots as a slice when they are one ascending contiguous range (read as a view), else None."""
-    if slots and slots == list(range(slots[0], slots[0] + len(slots))):
-        return slice(slots[0], slots[0] + len(slots))
-    return None
+    def zero_blocks(self, block_ids: list[int]) -> None:
+        """Clears blocks (a failed request's, whose values may be NaN) so no later holder reads them."""
+        if block_ids:
+            index = torch.tensor(block_ids, device=self.device)
+            for layer in self.layers:
+                layer.index_fill_(0, index, 0)

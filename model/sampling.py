@@ -1,11 +1,19 @@
-"""Per-row sampling for a batch: each row has its own parameters and its own random generator."""
+"""Sampling, batched: each row of a step has its own parameters, and its randomness comes from its
+seed and the index of the token it samples, never from a generator's state. A seeded request
+therefore samples the same tokens alone or in any batch, after a retry, or after a preemption.
+
+Per row, in order: penalties (repetition, presence, frequency) on a copy of the logits; greedy rows
+take the argmax; sampled rows divide by the temperature, keep their top-k / nucleus set, and pick by
+inverse CDF with one uniform draw u = splitmix64(seed, index) / 2^64. The reported logprob is the
+chosen token's under the model's unmodified distribution.
+"""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
-
 
 GREEDY_BELOW = 1e-5  # smaller temperatures overflow float32 logits; they mean greedy, as in vLLM
 
@@ -20,8 +28,8 @@ class SamplingParams:
     temperature: float = 1.0  # below GREEDY_BELOW (0 included) means greedy
     top_k: int = 0  # 0 means off
     top_p: float = 1.0  # 1 means off
-    repetition_penalty: float = 1.0  # 1 means off (CTRL / Hugging Face semantics)
-    seed: int | None = None
+    repetition_penalty: float = 1.0  # 1 means off (CTRL / Hugging Face semantics, prompt and output tokens)
+    seed: int | None = None  # None: the engine draws one (a sampled request is still reproducible from it)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
 
@@ -31,11 +39,9 @@ class SamplingParams:
             ("temperature", math.isfinite(self.temperature) and self.temperature >= 0, "must be finite and >= 0"),
             ("top_k", self.top_k >= 0, "must be >= 0"),
             ("top_p", math.isfinite(self.top_p) and 0 < self.top_p <= 1, "must be in (0, 1]"),
-            (
-                "repetition_penalty",
-                math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
-                "must be finite and > 0",
-            ),
+            ("repetition_penalty", math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
+             "must be finite and > 0"),
+            ("seed", self.seed is None or 0 <= self.seed < 2**64, "must be in [0, 2**64)"),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "entries must be non-empty strings"),
         ]
         for name, ok, why in checks:
@@ -46,28 +52,64 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
 
-    def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator | None:
-        if self.greedy:
-            return None
-        gen = torch.Generator(device=device)
-        if self.seed is None:
-            gen.seed()
-        else:
-            gen.manual_seed(self.seed)
-        return gen
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1.0
 
 
-def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-    """logits: (V,); seen: (n,) token ids already in the sequence. Positive logits are divided by the
+def uniform_draws(seeds: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """One uniform in [0, 1) per row: splitmix64 of (seed, token index), 53 bits. seeds, indices: (R,)."""
+    with np.errstate(over="ignore"):
+        z = seeds.astype(np.uint64) + (indices.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+@dataclass
+class SamplingBatch:
+    """The parameters of a step's R sampling rows, as tensors on the logits' device."""
+
+    temperature: torch.Tensor  # (R,) float32; greedy rows hold 1 (never used)
+    top_k: torch.Tensor  # (R,) int64, 0 = off
+    top_p: torch.Tensor  # (R,) float32, 1 = off
+    uniform: torch.Tensor  # (R,) float64, each row's draw for the token it samples now
+    sampled_rows: torch.Tensor | None  # (s,) int64 rows that sample; None: every row is greedy
+    filtered: bool  # some sampled row has top_k or top_p on
+    repetition_penalty: torch.Tensor | None = None  # (R,) float32; None: no row has one
+    seen: torch.Tensor | None = None  # (R, V) bool, tokens in each penalized row's prompt or output
+
+    @classmethod
+    def from_params(cls, params: list[SamplingParams], seeds: list[int], indices: list[int],
+                    device: torch.device | str = "cpu", seen: torch.Tensor | None = None) -> "SamplingBatch":
+        """From per-row params (the engine fills preallocated tensors instead; generate() and tests use this)."""
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        penalized = any(p.penalized for p in params)
+        return cls(
+            temperature=torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device),
+            top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
+            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            uniform=torch.from_numpy(uniform_draws(np.array(seeds, dtype=np.uint64),
+                                                   np.array(indices, dtype=np.uint64))).to(device),
+            sampled_rows=torch.tensor(sampled, dtype=torch.long, device=device) if sampled else None,
+            filtered=any(0 < params[i].top_k or params[i].top_p < 1 for i in sampled),
+            repetition_penalty=torch.tensor([p.repetition_penalty for p in params], device=device)
+            if penalized else None,
+            seen=seen if penalized else None)
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """logits: (R, V); seen: (R, V) bool; penalty: (R,). Seen tokens' positive logits are divided by the
     penalty and negative ones multiplied, so a penalty > 1 always makes a seen token less likely."""
-    scores = logits.gather(0, seen)  # (n,)
-    scores = torch.where(scores < 0, scores * penalty, scores / penalty)
-    return logits.scatter(0, seen, scores)
+    p = penalty[:, None]  # (R, 1)
+    penalised = torch.where(logits < 0, logits * p, logits / p)  # (R, V)
+    return torch.where(seen, penalised, logits)
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """logits: (B, V) already divided by temperature; top_k: (B,) with 0 = off; top_p: (B,).
-    Returns logits with every token outside each row's top-k / nucleus set to -inf."""
+    Returns logits with every token outside each row's top-k / nucleus set at -inf."""
     V = logits.shape[-1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
     rank = torch.arange(V, device=logits.device)  # (V,)
@@ -81,74 +123,31 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return torch.full_like(logits, float("-inf")).scatter(-1, order, filtered)
 
 
-def sample(
-    logits: torch.Tensor,
-    params: list[SamplingParams],
-    generators: list[torch.Generator | None],
-    histories: list[torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Picks one token per row. logits: (B, V). histories[i]: (n_i,) ids seen by row i (for the
-    repetition penalty). Returns (tokens (B,), logprobs (B,)), the logprob under the model's
-    unmodified distribution."""
+def pick_by_inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """logits: (s, V) scaled and filtered; uniform: (s,) in [0, 1). The first token whose cumulative
+    probability exceeds u: each token is picked with its probability."""
+    probs = logits.softmax(dim=-1)  # (s, V)
+    cdf = probs.double().cumsum(dim=-1)  # (s, V)
+    target = uniform[:, None] * cdf[:, -1:]  # (s, 1)
+    picked = torch.searchsorted(cdf, target, right=True)[:, 0]  # (s,)
+    return torch.where(picked < logits.shape[-1], picked, probs.argmax(dim=-1))  # u*total rounded up to total
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch, logsumexp: torch.Tensor | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits: (R, V) float32. Returns tokens (R,) int64 and their logprobs (R,) float32 under the
+    unmodified distribution. logsumexp: (R,) each row's, if the caller has it already."""
     logits = logits.float()
-    B = logits.shape[0]
-    logprobs_all = logits.log_softmax(dim=-1)  # (B, V)
-    penalised = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0 and histories is not None]
-    if penalised:
-        logits = logits.clone()
-        for i in penalised:
-            if histories[i].numel():
-                logits[i] = apply_repetition_penalty(logits[i], histories[i], params[i].repetition_penalty)
-    tokens = logits.argmax(dim=-1)  # (B,) greedy for every row; sampled rows overwritten below
-    rows = [i for i, p in enumerate(params) if not p.greedy]
-    if rows:
-        index = torch.tensor(rows, device=logits.device)
-        temps = torch.tensor([params[i].temperature for i in rows], device=logits.device)  # (b,)
-        top_k = torch.tensor([params[i].top_k for i in rows], device=logits.device)  # (b,)
-        top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device)  # (b,)
-        scaled = logits[index] / temps[:, None]  # (b, V)
-        if any(0 < params[i].top_k < logits.shape[-1] or params[i].top_p < 1 for i in rows):  # else skip the sort
-            scaled = filter_top_k_top_p(scaled, top_k, top_p)
-        probs = scaled.softmax(dim=-1)  # (b, V)
-        for j, i in enumerate(rows):
-            tokens[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
-    logprobs = logprobs_all.gather(1, tokens[:, None])[:, 0]  # (B,)
+    lse = torch.logsumexp(logits, dim=-1) if logsumexp is None else logsumexp  # (R,)
+    scores = logits
+    if batch.repetition_penalty is not None:
+        scores = apply_repetition_penalty(scores, batch.seen, batch.repetition_penalty)
+    tokens = scores.argmax(dim=-1)  # (R,): greedy for every row; sampled rows overwritten below
+    if batch.sampled_rows is not None:
+        rows = batch.sampled_rows
+        scaled = scores[rows] / batch.temperature[rows, None]  # (s, V)
+        if batch.filtered:
+            scaled = filter_top_k_top_p(scaled, batch.top_k[rows], batch.top_p[rows])
+        tokens[rows] = pick_by_inverse_cdf(scaled, batch.uniform[rows])
+    logprobs = logits.gather(1, tokens[:, None])[:, 0] - lse  # (R,)
     return tokens, logprobs
-
-
-class StopMatcher:
-    """Finds stop strings in streamed text, even when they span tokens, and never lets one leak:
-    text that could still be the start of a stop string is held back until it is decided."""
-
-    def __init__(self, stop: tuple[str, ...]) -> None:
-        self.stop = tuple(stop)
-        self._held = ""
-        self.matched: str | None = None
-
-    def push(self, text: str) -> str:
-        """Text now safe to emit. After a match, `matched` is set and the rest is dropped."""
-        if self.matched is not None:
-            return ""
-        if not self.stop:
-            return text
-        self._held += text
-        hits = [(self._held.find(s), s) for s in self.stop if s in self._held]
-        if hits:
-            at, s = min(hits)
-            self.matched = s
-            out, self._held = self._held[:at], ""
-            return out
-        keep = max((self._longest_prefix_suffix(s) for s in self.stop), default=0)
-        cut = len(self._held) - keep
-        out, self._held = self._held[:cut], self._held[cut:]
-        return out
-
-    def flush(self) -> str:
-        out, self._held = ("" if self.matched else self._held), ""
-        return out
-
-    def _longest_prefix_suffix(self, stop: str) -> int:
-        for n in range(min(len(stop) - 1, len(self._held)), 0, -1):
-            if self._held.endswith(stop[:n]):
-                return n
-        return 0

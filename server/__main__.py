@@ -9,7 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from model.checkpoint import DEFAULT_CHECKPOINT
-from server.scheduler import DEFAULT_MAX_PREFILL_TOKENS, DEFAULT_PREFILL_CHUNK
+from server.engine.config import EngineConfig
+
+BYTE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+              "g": 10**9, "gb": 10**9, "gib": 2**30}
 
 
 def _at_least(kind: type, low: float, strict: bool = True) -> Callable[[str], int | float]:
@@ -21,6 +24,20 @@ def _at_least(kind: type, low: float, strict: bool = True) -> Callable[[str], in
     return parse
 
 
+def parse_bytes(text: str) -> int:
+    """'134217728', '128MiB', '1.5GB', '512k' -> bytes."""
+    text = text.strip()
+    number = text.rstrip("bBiIkKmMgG")
+    unit = text[len(number):].lower()
+    try:
+        value = int(float(number) * BYTE_UNITS[unit])
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 134217728, 128MiB, 1GB)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m server", description="Serve a checkpoint: TGI and OpenAI APIs.")
     ap.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
@@ -28,17 +45,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1...")
     ap.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
-    ap.add_argument("--max-batch", type=int, default=32, help="concurrent sequences (KV-cache slots)")
-    ap.add_argument("--max-waiting", type=int, default=128, help="queued requests beyond --max-batch; then 429")
-    ap.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
-                    help="prompt tokens one request reads per step")
-    ap.add_argument("--max-prefill-tokens", type=int, default=DEFAULT_MAX_PREFILL_TOKENS,
-                    help="prompt tokens all requests read per step")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="CPU threads for the model (default: torch's, one per core)")
-    ap.add_argument("--compile", action="store_true",
-                    help="run decode steps through torch.compile: faster steps, a startup that takes longer "
-                         "(needs a C++ compiler on the CPU; see BENCHMARKS.md)")
+    eng = ap.add_argument_group("engine (see 'The KV cache' in README.md)")
+    eng.add_argument("--max-num-seqs", type=_at_least(int, 0), default=128,
+                     help="requests running at once, at most (they also need KV-cache blocks)")
+    eng.add_argument("--max-waiting", type=_at_least(int, 0, strict=False), default=128,
+                     help="requests queued beyond those running; past that, 429")
+    eng.add_argument("--max-num-batched-tokens", type=_at_least(int, 0), default=256,
+                     help="tokens one step computes: every decode row, then prompt chunks up to this budget")
+    eng.add_argument("--kv-cache-memory", type=parse_bytes, default=134217728,
+                     help="bytes of KV cache for all layers (e.g. 128MiB, 1GB); sets the number of blocks")
+    eng.add_argument("--block-size", type=_at_least(int, 0), default=16,
+                     help="tokens per KV-cache block (a multiple of 8 for the exact kernels)")
+    eng.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                     help="never reuse the keys and values of a prompt prefix another request computed")
+    eng.add_argument("--kernels", default="auto", choices=["auto", "exact", "stock"],
+                     help="exact: our bit-exact CPU kernels; stock: torch's (default: exact where they run)")
+    eng.add_argument("--threads", type=_at_least(int, 0), default=None,
+                     help="CPU threads for the model (default: torch's, one per core)")
     ap.add_argument("--log-level", default="info")
     sec = ap.add_argument_group("security")
     sec.add_argument("--api-key", default=os.environ.get("KVSERVE_API_KEY") or None,
@@ -68,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn  # imported here so `--help` stays fast
 
     from model.device import resolve_device
-    from server.app import GracefulServer, create_app
+    from server.api.app import GracefulServer, create_app
+    from server.api.serving import Limits
     from server.engine import Engine, EngineArgs
-    from server.serving import Limits
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (args.checkpoint / f).is_file()]
@@ -82,10 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    engine_args = EngineArgs(checkpoint=args.checkpoint, device=str(device), dtype=args.dtype,
-                             max_batch=args.max_batch, max_waiting=args.max_waiting,
-                             prefill_chunk=args.prefill_chunk, max_prefill_tokens=args.max_prefill_tokens,
-                             threads=args.threads, compile=args.compile)
+    try:
+        config = EngineConfig(max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
+                              max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+                              kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.prefix_caching,
+                              threads=args.threads, kernels=args.kernels)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    engine_args = EngineArgs(checkpoint=args.checkpoint, device=str(device), dtype=args.dtype, config=config)
     limits = Limits(max_body_bytes=args.max_body_bytes, max_input_tokens=args.max_input_tokens,
                     max_new_tokens=args.max_new_tokens, max_stop_sequences=args.max_stop_sequences,
                     max_stop_length=args.max_stop_length, request_timeout=args.request_timeout)

@@ -1,4 +1,10 @@
-"""Shared fixtures: a tiny random model and tokenizer, and the committed default checkpoint."""
+"""Shared fixtures: the device under test, a tiny random model and tokenizer, and the committed
+default checkpoint.
+
+The suite runs on the CPU; `KVSERVE_TEST_DEVICE=cuda pytest` runs the same tests on a GPU
+(bench/gpu_check.sh). The device travels explicitly, through the `device` fixture and TEST_DEVICE,
+never through torch's default device: code that forgets `device=` fails there as it would in production.
+"""
 from __future__ import annotations
 
 import os
@@ -7,20 +13,27 @@ from pathlib import Path
 import pytest
 import torch
 
+from model import kernels
 from model.checkpoint import DEFAULT_CHECKPOINT, load_model, load_tokenizer, save_checkpoint
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.tokenizer import train_tokenizer
 
-# The suite runs on the CPU; `KVSERVE_TEST_DEVICE=cuda pytest` runs it on a GPU (bench/gpu_check.sh).
 TEST_DEVICE = os.environ.get("KVSERVE_TEST_DEVICE", "cpu")
-if TEST_DEVICE != "cpu":
-    torch.set_default_device(TEST_DEVICE)
+# Which kernels the suite's models run: the exact ones on a CPU that builds them, else torch's.
+EXACT = kernels.kernels_for(torch.device(TEST_DEVICE), torch.float32) == "exact"
+needs_exact = pytest.mark.skipif(not EXACT, reason=f"the exact kernels do not run here: "
+                                 f"{kernels.unavailable_reason() or TEST_DEVICE}")
 
 TINY_TEXT = (
     "To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer "
     "the slings and arrows of outrageous fortune. 世界你好，莎士比亚。 Emoji 🤖🎭 and naïve café. "
 ) * 20
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    return torch.device(TEST_DEVICE)
 
 
 @pytest.fixture(scope="session")
@@ -34,10 +47,15 @@ def tiny_config(tiny_tokenizer) -> GPTConfig:
                      eos_token_id=tiny_tokenizer.eos_token_id)
 
 
+def random_model(config: GPTConfig, seed: int = 0, device: str | torch.device = TEST_DEVICE,
+                 dtype: torch.dtype = torch.float32, kernels_name: str = "auto") -> GPT:
+    torch.manual_seed(seed)
+    return GPT(config).to(device=device, dtype=dtype).prepare_for_inference(kernels_name)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tiny_config) -> GPT:
-    torch.manual_seed(0)
-    return GPT(tiny_config).eval()
+    return random_model(tiny_config)
 
 
 @pytest.fixture(scope="session")

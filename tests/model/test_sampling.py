@@ -1,10 +1,37 @@
-"""Sampling: per-row parameters in one batch, seeds, top-k/top-p, repetition penalty, stop strings."""
+"""Sampling: per-row parameters in one batch, draws from (seed, token index), top-k/top-p, the
+repetition penalty, stop strings."""
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 
 from model.generate import generate
-from model.sampling import SamplingParams, StopMatcher, apply_repetition_penalty, filter_top_k_top_p, sample
+from model.sampling import (SamplingBatch, SamplingParams, apply_repetition_penalty, filter_top_k_top_p,
+                            pick_by_inverse_cdf, sample, uniform_draws)
+from model.text import StopMatcher
+
+M64 = 2**64 - 1
+
+
+def splitmix64_reference(seed: int, index: int) -> float:
+    """The draw, written with Python's integers: what uniform_draws must compute."""
+    z = (seed + (index + 1) * 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return ((z ^ (z >> 31)) >> 11) * 2.0**-53
+
+
+def test_draws_are_splitmix64_of_seed_and_index_in_the_unit_interval():
+    seeds, indices = [0, 1, 2**63 - 1, 12345, 2**64 - 1], [0, 7, 3, 10**6, 511]
+    draws = uniform_draws(np.array(seeds, dtype=np.uint64), np.array(indices, dtype=np.uint64))
+    assert draws.tolist() == [splitmix64_reference(s, i) for s, i in zip(seeds, indices)]
+    assert ((0 <= draws) & (draws < 1)).all()
+
+
+def batch_of(params, seeds=None, indices=None, seen=None):
+    n = len(params)
+    return SamplingBatch.from_params(params, seeds or list(range(n)), indices or [0] * n, "cpu", seen)
 
 
 def test_top_k_keeps_exactly_the_k_best():
@@ -29,9 +56,20 @@ def test_top_p_of_one_and_top_k_of_zero_keep_every_token():
 
 
 def test_repetition_penalty_lowers_seen_tokens_of_either_sign():
-    logits = torch.tensor([2.0, -2.0, 1.0])
-    out = apply_repetition_penalty(logits, torch.tensor([0, 1]), 2.0)
-    assert out.tolist() == [1.0, -4.0, 1.0]
+    logits = torch.tensor([[2.0, -2.0, 1.0]])
+    out = apply_repetition_penalty(logits, torch.tensor([[True, True, False]]), torch.tensor([2.0]))
+    assert out.tolist() == [[1.0, -4.0, 1.0]]
+
+
+def test_inverse_cdf_picks_each_token_with_its_probability():
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    logits = probs.log()[None].expand(4000, -1)
+    u = torch.from_numpy(uniform_draws(np.arange(4000, dtype=np.uint64), np.zeros(4000, dtype=np.uint64)))
+    counts = torch.bincount(pick_by_inverse_cdf(logits, u), minlength=4).double() / 4000
+    assert counts[1] == 0, "a token of probability 0 was picked"
+    torch.testing.assert_close(counts, probs.double(), atol=0.03, rtol=0)  # ~4 standard deviations
+    assert pick_by_inverse_cdf(probs.log()[None], torch.tensor([0.0], dtype=torch.float64)).item() == 0
+    assert pick_by_inverse_cdf(probs.log()[None], torch.tensor([1 - 2**-53], dtype=torch.float64)).item() == 3
 
 
 def test_rows_with_different_parameters_share_one_call():
@@ -39,12 +77,22 @@ def test_rows_with_different_parameters_share_one_call():
     logits = torch.randn(3, 50)
     params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0, top_k=1, seed=1),
               SamplingParams(temperature=0.7, seed=5)]
-    gens = [p.make_generator() for p in params]
-    tokens, logprobs = sample(logits, params, gens)
+    tokens, logprobs = sample(logits, batch_of(params, seeds=[0, 1, 5]))
     assert tokens[0] == logits[0].argmax() and tokens[1] == logits[1].argmax()  # greedy, and top-k=1
     torch.testing.assert_close(logprobs, logits.log_softmax(-1).gather(1, tokens[:, None])[:, 0])
-    again, _ = sample(logits[2:], params[2:], [params[2].make_generator()])
-    assert again[0] == tokens[2], "a seeded row must not depend on the other rows of the batch"
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 32])
+def test_a_seeded_row_samples_the_same_token_and_logprob_in_any_batch(rows):
+    torch.manual_seed(1)
+    logits = torch.randn(rows, 400) * 2
+    params = [SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=i) if i % 2 else SamplingParams(temperature=0)
+              for i in range(rows)]
+    seeds, indices = list(range(rows)), [3 * i for i in range(rows)]
+    tokens, logprobs = sample(logits, batch_of(params, seeds, indices))
+    for i in range(rows):
+        alone, alone_lp = sample(logits[i:i + 1], batch_of(params[i:i + 1], seeds[i:i + 1], indices[i:i + 1]))
+        assert (alone.item(), alone_lp.item()) == (tokens[i].item(), logprobs[i].item()), f"row {i} of {rows}"
 
 
 def test_same_seed_same_text_different_seed_different_text(tiny_model, tiny_tokenizer):
@@ -53,6 +101,15 @@ def test_same_seed_same_text_different_seed_different_text(tiny_model, tiny_toke
         return [s.token_id for s in generate(tiny_model, tiny_tokenizer, "To be", params)]
     assert text(7) == text(7)
     assert text(7) != text(8)
+
+
+def test_repetition_penalty_in_generate_changes_the_text(tiny_model, tiny_tokenizer):
+    def ids(penalty):
+        params = SamplingParams(max_new_tokens=40, temperature=0, repetition_penalty=penalty, ignore_eos=True)
+        return [s.token_id for s in generate(tiny_model, tiny_tokenizer, "To be", params)]
+    plain, penalised = ids(1.0), ids(3.0)
+    assert plain != penalised
+    assert len(set(penalised)) >= len(set(plain)), "a penalty for repeats should not narrow the vocabulary used"
 
 
 def test_stop_string_spanning_pieces_is_found_and_never_leaks():
@@ -83,6 +140,5 @@ def test_generation_stops_at_a_stop_string_with_reason_stop(tiny_model, tiny_tok
 def test_vanishing_temperature_and_top_p_do_not_break_sampling():
     logits = torch.tensor([[0.0, 3.0, 1.0]])
     assert SamplingParams(temperature=1e-9).greedy
-    params = [SamplingParams(temperature=1.0, top_p=1e-45, seed=0)]
-    tokens, _ = sample(logits, params, [params[0].make_generator()])
+    tokens, _ = sample(logits, batch_of([SamplingParams(temperature=1.0, top_p=1e-45, seed=0)]))
     assert tokens.tolist() == [1]

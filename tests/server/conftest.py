@@ -14,8 +14,9 @@ import httpx
 import pytest
 import uvicorn
 
-from server.app import create_app
-from server.engine import Engine, EngineArgs
+from server.api.app import create_app
+from server.engine import Engine, EngineArgs, EngineConfig
+from server.engine.model_runner import ModelRunner
 from tests.conftest import TEST_DEVICE
 
 
@@ -69,23 +70,23 @@ class LiveServer:
 
 
 def serve(checkpoint, app_kw: dict | None = None, **engine_kw) -> LiveServer:
-    """`app_kw` goes to create_app (limits, api_key...), the rest to EngineArgs."""
-    args = EngineArgs(checkpoint=checkpoint, device=TEST_DEVICE, threads=1, **engine_kw)
+    """`app_kw` goes to create_app (limits, api_key...), the rest to EngineConfig."""
+    args = EngineArgs(checkpoint=checkpoint, device=TEST_DEVICE, config=EngineConfig(threads=1, **engine_kw))
     return LiveServer(create_app(lambda: Engine.from_args(args), model_name="tiny", **(app_kw or {}))).start()
 
 
 @pytest.fixture(scope="session")
 def live(tiny_checkpoint):
     """The tiny random model, 32 slots."""
-    server = serve(tiny_checkpoint, max_batch=32, max_waiting=32)
+    server = serve(tiny_checkpoint, max_num_seqs=32, max_waiting=32)
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="session")
 def small_live(tiny_checkpoint):
-    """One slot and one waiting place: easy to overload."""
-    server = serve(tiny_checkpoint, max_batch=1, max_waiting=1)
+    """One running request and one waiting place: easy to overload."""
+    server = serve(tiny_checkpoint, max_num_seqs=1, max_waiting=1)
     yield server
     server.stop()
 
@@ -149,3 +150,30 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait(30)
         self.log.close()
+
+
+def hook_sampling(monkeypatch, before=None, after=None) -> None:
+    """Lets a test see (and break) the runner's sampling: before(requests, logits) may change the (R, V)
+    logits in place or raise; after(requests, tokens) may change the (R,) sampled tokens in place."""
+    real_prepare, real_sample = ModelRunner.prepare, ModelRunner._sample
+
+    def prepare(self, sched):
+        step, reqs = real_prepare(self, sched)
+        self._hooked_requests = reqs
+        return step, reqs
+
+    def sample(self, logits, t, R):
+        if before is not None:
+            before(self._hooked_requests, logits)
+        tokens, logprobs, broken = real_sample(self, logits, t, R)
+        if after is not None:
+            after(self._hooked_requests, tokens)
+        return tokens, logprobs, broken
+
+    monkeypatch.setattr(ModelRunner, "prepare", prepare)
+    monkeypatch.setattr(ModelRunner, "_sample", sample)
+
+
+def blocks_free(engine: Engine) -> bool:
+    """No request holds a KV-cache block (cached prefixes may remain, unreferenced)."""
+    return engine.blocks.num_free_blocks == engine.blocks.num_blocks

@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from tests.server.conftest import sse_events, wait_for
+from tests.server.conftest import blocks_free, hook_sampling, sse_events, wait_for
 
 
 def generate(live, inputs, **parameters):
@@ -143,23 +143,20 @@ def test_metrics_count_tokens_and_finished_requests(live):
 def test_a_character_split_over_byte_tokens_streams_whole(live, monkeypatch):
     """Forces the model to emit 🤖 and 世 one UTF-8 byte per token: no event may carry half a character."""
 
-    import server.runner
     from model.tokenizer import _unicode_to_byte
 
     tokenizer = live.engine.tokenizer
     byte_char = {b: c for c, b in _unicode_to_byte().items()}
     forced = [tokenizer.hf.token_to_id(byte_char[b]) for b in "🤖世".encode()]
-    real_sample, emitted = server.runner.sample, []
+    emitted = []
 
-    def sample(logits, params, *args):
-        tokens, logprobs = real_sample(logits, params, *args)
-        for row, p in enumerate(params):
-            if p.seed == 4242:
+    def after(reqs, tokens):
+        for row, r in enumerate(reqs):
+            if r.params.seed == 4242:
                 tokens[row] = forced[len(emitted)]
                 emitted.append(1)
-        return tokens, logprobs
 
-    monkeypatch.setattr(server.runner, "sample", sample)
+    hook_sampling(monkeypatch, after=after)
     events = stream(live, "Emoji", max_new_tokens=len(forced), do_sample=True, seed=4242)
     texts = [e["token"]["text"] for e in events]
     assert texts == ["", "", "", "🤖", "", "", "世"]

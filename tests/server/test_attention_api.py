@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model.attention import attention_weights
-from server.attention_view import ATTENTION_DECIMALS, MAX_ATTENTION_QUERIES
+from server.api.attention_view import ATTENTION_DECIMALS, MAX_ATTENTION_QUERIES
 from tests.server.conftest import sse_events
 
 PROMPT = "To be, or not to be, that is the question"
@@ -32,7 +32,7 @@ def test_returned_weights_equal_the_models_for_prompt_and_generated_ids(live, us
     prompt_ids = live.engine.tokenizer.encode(PROMPT)
     generated_ids = [t["id"] for t in details["tokens"]]
     ids = prompt_ids + generated_ids
-    config = live.engine.config
+    config = live.engine.model_config
 
     weights = torch.tensor(attention["weights"])  # (L, nh, Q, K)
     assert attention["query_start"] == len(prompt_ids)

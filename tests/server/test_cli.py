@@ -14,8 +14,8 @@ def test_defaults_follow_the_brief():
 
 
 def test_flags_parse():
-    args = parse_args(["--checkpoint", "x", "--max-batch", "4", "--max-waiting", "9", "--port", "0"])
-    assert (str(args.checkpoint), args.max_batch, args.max_waiting, args.port) == ("x", 4, 9, 0)
+    args = parse_args(["--checkpoint", "x", "--max-num-seqs", "4", "--max-waiting", "9", "--port", "0"])
+    assert (str(args.checkpoint), args.max_num_seqs, args.max_waiting, args.port) == ("x", 4, 9, 0)
 
 
 def test_an_incomplete_checkpoint_exits_2_with_a_message(tmp_path, capsys):

@@ -13,7 +13,7 @@ PROMPTS = ["ROMEO:", "JULIET:\nO Romeo, Romeo!"]
 
 @pytest.fixture(scope="module")
 def default_live(default_checkpoint):
-    server = serve(default_checkpoint, max_batch=4, max_waiting=4)
+    server = serve(default_checkpoint, max_num_seqs=4, max_waiting=4)
     yield server
     server.stop()
 

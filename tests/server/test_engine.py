@@ -1,22 +1,25 @@
-"""The engine without HTTP: continuous batching, batch-independent greedy output, cancel, limits."""
+"""The engine without HTTP: continuous batching over one flattened forward per step, batch-independent
+output, chunked prompts under the token budget, cancellation, limits, faults and shutdown."""
 from __future__ import annotations
 
 import asyncio
-import shutil
+import queue
+import threading
 
 import pytest
 
-import server.runner
+import server.engine.model_runner as model_runner
 from model.generate import PromptError, generate
 from model.sampling import SamplingParams
 from server.engine import Engine, QueueFullError
+from tests.conftest import EXACT
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model, tiny_tokenizer):
-    eng = Engine(tiny_model, tiny_tokenizer, max_batch=32, max_waiting=64).start()
+    eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=32, max_waiting=64, threads=1).start()
     yield eng
     eng.shutdown()
 
@@ -31,9 +34,12 @@ def token_ids(outs):
     return [o.token_id for o in outs if o.token_id is not None]
 
 
+def logprobs(outs):
+    return [o.logprob for o in outs if o.token_id is not None]
+
+
 def run_together(engine, requests):
     """Submits every (prompt, params, use_cache) while the engine is paused, so all share steps."""
-    import queue
     sinks = [queue.Queue() for _ in requests]
     with engine.paused():
         for (ids, params, use_cache), q in zip(requests, sinks):
@@ -47,6 +53,12 @@ def run_together(engine, requests):
     return results
 
 
+def drive(eng, *sinks):
+    """Steps a stopped engine until every sink has its last event."""
+    while not all(s and s[-1].finished for s in sinks):
+        eng.step()
+
+
 def test_greedy_matches_reference_generate(engine, tiny_model, tiny_tokenizer):
     ids = tiny_tokenizer.encode("To be, or not to be")
     expected = [s.token_id for s in generate(tiny_model, tiny_tokenizer, ids, GREEDY)]
@@ -55,24 +67,28 @@ def test_greedy_matches_reference_generate(engine, tiny_model, tiny_tokenizer):
 
 def test_greedy_alone_equals_greedy_among_31_others(engine, tiny_tokenizer):
     ps = prompts(tiny_tokenizer, 32)
-    alone = [token_ids(engine.generate(p, GREEDY, timeout=60)) for p in ps[:4]]
+    alone = [engine.generate(p, GREEDY, timeout=60, cache_salt="alone") for p in ps[:4]]
     others = [(p, SamplingParams(max_new_tokens=5 + i % 9, temperature=0.9, seed=i), i % 3 != 0)
               for i, p in enumerate(ps[4:])]  # sampled, cached and uncached, of different lengths
     together = run_together(engine, [(p, GREEDY, True) for p in ps[:4]] + others)
     for i, outs in enumerate(together[:4]):
-        assert token_ids(outs) == alone[i], f"request {i} changed when batched with 31 others"
+        assert token_ids(outs) == token_ids(alone[i]), f"request {i} changed when batched with 31 others"
+        if EXACT:
+            assert logprobs(outs) == logprobs(alone[i]), f"request {i}: logprobs changed in the batch"
     assert all(outs[-1].finish_reason in ("length", "eos") for outs in together)
 
 
-def test_use_cache_false_gives_the_same_greedy_tokens(engine, tiny_tokenizer):
+def test_use_cache_false_gives_the_same_tokens_and_logprobs(engine, tiny_tokenizer):
     for p in prompts(tiny_tokenizer, 4):
-        cached = token_ids(engine.generate(p, GREEDY, timeout=60))
-        uncached = token_ids(engine.generate(p, GREEDY, use_cache=False, timeout=60))
-        assert uncached == cached
+        cached = engine.generate(p, GREEDY, timeout=60)
+        uncached = engine.generate(p, GREEDY, use_cache=False, timeout=60)
+        assert token_ids(uncached) == token_ids(cached)
+        if EXACT:
+            assert logprobs(uncached) == logprobs(cached)
 
 
-def test_chunked_prefill_gives_the_same_tokens(engine, tiny_model, tiny_tokenizer):
-    chunked = Engine(tiny_model, tiny_tokenizer, max_batch=4, prefill_chunk=3, max_prefill_tokens=5).start()
+def test_a_small_token_budget_reads_prompts_in_chunks_with_the_same_tokens(engine, tiny_model, tiny_tokenizer):
+    chunked = Engine(tiny_model, tiny_tokenizer, max_num_seqs=4, max_num_batched_tokens=5, threads=1).start()
     try:
         p = tiny_tokenizer.encode("Whether 'tis nobler in the mind to suffer the slings and arrows")
         assert len(p) > 6
@@ -84,9 +100,9 @@ def test_chunked_prefill_gives_the_same_tokens(engine, tiny_model, tiny_tokenize
 def test_seeded_sampling_is_reproducible_in_any_batch(engine, tiny_tokenizer):
     p = tiny_tokenizer.encode("the question")
     params = SamplingParams(max_new_tokens=10, temperature=1.0, top_k=50, seed=1234)
-    alone = token_ids(engine.generate(p, params, timeout=60))
+    alone = engine.generate(p, params, timeout=60)
     together = run_together(engine, [(p, params, True)] + [(q, GREEDY, True) for q in prompts(tiny_tokenizer, 7)])
-    assert token_ids(together[0]) == alone
+    assert token_ids(together[0]) == token_ids(alone)
 
 
 def test_streamed_texts_concatenate_to_the_decoded_tokens(engine, tiny_tokenizer):
@@ -109,21 +125,22 @@ def test_stop_string_ends_the_request_and_is_not_emitted(engine, tiny_tokenizer)
     assert "".join(o.text for o in outs) == free_text[: free_text.find(stop)]
 
 
-def test_cancel_frees_the_slot_within_one_step(tiny_model, tiny_tokenizer):
-    eng = Engine(tiny_model, tiny_tokenizer, max_batch=2)  # not started: the test drives the steps
+def test_cancel_frees_the_blocks_within_one_step(tiny_model, tiny_tokenizer):
+    eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=2, num_blocks=16, threads=1)  # not started
     events = []
     rid = eng.submit(tiny_tokenizer.encode("To be"), SamplingParams(max_new_tokens=50, temperature=0), events.append)
     eng.step()
     eng.step()
-    assert eng.num_running == 1 and eng.cache.num_used == 1
+    assert eng.num_running == 1 and eng.blocks.num_free_blocks < 16
     eng.abort(rid)
     eng.step()
-    assert eng.num_running == 0 and eng.cache.num_free == 2
+    assert eng.num_running == 0 and eng.blocks.num_free_blocks == 16
     assert events[-1].finish_reason == "abort" and len(events) == 3
+    eng.blocks.check_invariants()
 
 
 def test_cancel_of_a_waiting_request_removes_it(tiny_model, tiny_tokenizer):
-    eng = Engine(tiny_model, tiny_tokenizer, max_batch=1, max_waiting=2)
+    eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=1, max_waiting=2, threads=1)
     events = []
     eng.submit([1, 2], SamplingParams(max_new_tokens=50, temperature=0), lambda o: None)
     rid = eng.submit([1, 2], SamplingParams(max_new_tokens=5, temperature=0), events.append)
@@ -135,36 +152,60 @@ def test_cancel_of_a_waiting_request_removes_it(tiny_model, tiny_tokenizer):
 
 
 def test_queue_limit_refuses_at_once(tiny_model, tiny_tokenizer):
-    eng = Engine(tiny_model, tiny_tokenizer, max_batch=1, max_waiting=1)
-    for _ in range(2):
+    eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=1, max_waiting=1, threads=1)
+    for _ in range(2):  # one for the free running place, one waiting
         eng.submit([1, 2], GREEDY, lambda o: None)
     with pytest.raises(QueueFullError, match="max 1"):
         eng.submit([1, 2], GREEDY, lambda o: None)
 
 
-def test_prompt_beyond_the_context_is_refused(engine):
+def test_prompt_beyond_the_context_or_the_cache_is_refused(engine, tiny_model, tiny_tokenizer):
     with pytest.raises(PromptError, match="exceeds the context of 128"):
         engine.submit([1] * 100, SamplingParams(max_new_tokens=29), lambda o: None)
     with pytest.raises(PromptError, match="empty"):
         engine.submit([], GREEDY, lambda o: None)
+    with pytest.raises(ValueError, match="fewer than one 128-token sequence needs"):
+        Engine(tiny_model, tiny_tokenizer, num_blocks=4)
 
 
 def test_a_failing_request_fails_alone(engine, tiny_tokenizer, monkeypatch):
-    real_sample = server.runner.sample
+    real_sample = model_runner.sample
 
-    def sample_that_breaks_on_seed_13(logits, params, *args):
-        if any(p.seed == 13 for p in params):
+    def sample_that_breaks_on_temperature_0_5(logits, batch, *args):
+        if (batch.temperature == 0.5).any():
             raise RuntimeError("boom")
-        return real_sample(logits, params, *args)
+        return real_sample(logits, batch, *args)
 
-    monkeypatch.setattr(server.runner, "sample", sample_that_breaks_on_seed_13)
+    monkeypatch.setattr(model_runner, "sample", sample_that_breaks_on_temperature_0_5)
     ps = prompts(tiny_tokenizer, 4)
     alone = [token_ids(engine.generate(p, GREEDY, timeout=60)) for p in ps]
-    bad = (ps[0], SamplingParams(max_new_tokens=5, temperature=1.0, seed=13), True)
+    bad = (ps[0], SamplingParams(max_new_tokens=5, temperature=0.5, seed=13), True)
     results = run_together(engine, [bad] + [(p, GREEDY, True) for p in ps])
     assert results[0][-1].finish_reason == "error" and "boom" in results[0][-1].error
     assert [token_ids(r) for r in results[1:]] == alone
-    assert engine.num_running == 0 and engine.cache.num_used == 0
+    assert engine.num_running == 0 and engine.kv_cache_usage == 0
+
+
+def test_a_batch_rerun_one_by_one_samples_what_the_batch_would_have(engine, tiny_tokenizer, monkeypatch):
+    """After a failed batched step, each request is run alone; a seeded request's output must not change
+    (with per-request random generators, the rerun would draw again from advanced ones)."""
+    p = tiny_tokenizer.encode("the question")
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=99)
+    alone = token_ids(engine.generate(p, params, timeout=60))
+    real_execute, calls = model_runner.ModelRunner.execute, []
+
+    def execute_failing_once_batched(self, sched):
+        calls.append(len(sched.num_tokens))
+        if len(sched.num_tokens) > 1 and calls.count(2) == 3:
+            real_execute(self, sched)  # runs (and samples) once, then fails as a late error would
+            raise RuntimeError("a batched step failed")
+        return real_execute(self, sched)
+
+    monkeypatch.setattr(model_runner.ModelRunner, "execute", execute_failing_once_batched)
+    other = (prompts(tiny_tokenizer, 2)[1], SamplingParams(max_new_tokens=8, temperature=0), True)
+    results = run_together(engine, [(p, params, True), other])
+    assert calls.count(2) >= 3, "the batched step never failed"
+    assert token_ids(results[0]) == alone
 
 
 def test_async_stream_yields_tokens_then_finishes(engine, tiny_tokenizer):
@@ -176,8 +217,33 @@ def test_async_stream_yields_tokens_then_finishes(engine, tiny_tokenizer):
     assert outs[-1].stats.time_to_first_token_s is not None
 
 
-def test_a_long_prompt_is_read_in_chunks_while_others_keep_decoding(tiny_model, tiny_tokenizer):
-    eng = Engine(tiny_model, tiny_tokenizer, max_batch=2, prefill_chunk=8, max_prefill_tokens=8)
+def test_the_event_loop_gets_one_wakeup_per_step_for_all_its_streams(engine, tiny_tokenizer, monkeypatch):
+    async def run():
+        loop = asyncio.get_running_loop()
+        wakeups = []
+        real = loop.call_soon_threadsafe
+
+        def counting(callback, *args):
+            wakeups.append(callback)
+            return real(callback, *args)
+
+        monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
+        params = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True)
+        with engine.paused():
+            streams = [engine.stream(p, params) for p in prompts(tiny_tokenizer, 8)]
+        outs = await asyncio.gather(*[collect(s) for s in streams])
+        return wakeups, outs
+
+    async def collect(stream):
+        return [o async for o in stream]
+
+    wakeups, outs = asyncio.run(run())
+    assert sum(len(o) for o in outs) == 8 * 20
+    assert len(wakeups) <= 20 + 2, f"{len(wakeups)} wake-ups for 20 steps of 8 streams"
+
+
+def test_decode_rows_keep_going_while_a_long_prompt_is_read_in_chunks(tiny_model, tiny_tokenizer):
+    eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=2, max_num_batched_tokens=9, threads=1)
     short, long_ = [], []
     eng.submit(tiny_tokenizer.encode("To be"), SamplingParams(max_new_tokens=50, temperature=0, ignore_eos=True),
                short.append)
@@ -185,83 +251,61 @@ def test_a_long_prompt_is_read_in_chunks_while_others_keep_decoding(tiny_model, 
     prompt = (tiny_tokenizer.encode("Whether 'tis nobler in the mind to suffer ") * 8)[:60]
     eng.submit(prompt, SamplingParams(max_new_tokens=3, temperature=0), long_.append)
     for step in range(1, 8):
-        batch = eng.step()
-        assert [(c.start, c.end) for c in batch.prefill] == [(8 * (step - 1), 8 * step)]
+        sched = eng.step()
+        counts = sorted(sched.num_tokens.values())
+        assert counts == [1, 8], f"step {step}: {counts}"  # the decode row, then 8 prompt tokens of the budget
         assert len(short) == 1 + step and not long_, "the running request must get a token every step"
-    batch = eng.step()
-    assert [(c.start, c.end) for c in batch.prefill] == [(56, 60)] and len(long_) == 1 and len(short) == 9
+    sched = eng.step()
+    assert sorted(sched.num_tokens.values()) == [1, 4] and len(long_) == 1 and len(short) == 9
 
 
-def test_a_slot_left_non_finite_by_a_failed_request_does_not_break_its_next_holder(tiny_model, tiny_tokenizer):
-    """A request whose keys came out NaN fails; the short request that reuses its slot, decoding beside a
-    longer one (so attention spans the slot's stale columns, masked), must still give its solo tokens."""
-    eng = Engine(tiny_model, tiny_tokenizer, max_batch=2)  # not started: the test drives the steps
+def test_blocks_left_non_finite_by_a_failed_request_never_reach_the_next_holder(tiny_model, tiny_tokenizer):
+    """A request whose keys came out NaN fails; its blocks leave the prefix cache and are zeroed, so the
+    requests that take them next (and share their prefix) still give their solo tokens."""
+    eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=2, num_blocks=16, threads=1)
     long_prompt = (tiny_tokenizer.encode("Whether 'tis nobler in the mind to suffer ") * 4)[:40]
-    short_prompt = tiny_tokenizer.encode("To be")
     params = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
-    solo = [s.token_id for s in generate(tiny_model, tiny_tokenizer, short_prompt, params)]
-    broken, beside, short = [], [], []
+    solo = [s.token_id for s in generate(tiny_model, tiny_tokenizer, long_prompt, params)]
+    broken = []
     eng.submit(long_prompt, SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True), broken.append)
-    eng.step()
+    eng.step()  # the prompt is read (and its full blocks cached)
+    blocks = list(eng.scheduler.running[0].block_ids)
     for layer in eng.cache.layers:  # keys, as an overflowing kernel would leave them
-        layer[eng.scheduler.running[0].slot, 0, :, :40] = float("nan")
-    eng.submit(long_prompt[:30], SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True), beside.append)
-    eng.step()
+        layer[blocks] = float("nan")
+    drive(eng, broken)
     assert broken[-1].finish_reason == "error", "the request with NaN keys must fail"
-    eng.submit(short_prompt, params, short.append)
-    while not short or not short[-1].finished:
-        eng.step()
-    assert short[-1].finish_reason == "length", f"the slot's next holder failed: {short[-1].error}"
-    assert token_ids(short) == solo
+    again = []
+    eng.submit(long_prompt, params, again.append)
+    drive(eng, again)
+    assert again[-1].finish_reason == "length", f"the blocks' next holder failed: {again[-1].error}"
+    assert token_ids(again) == solo and again[-1].stats.cached_tokens == 0
+    eng.blocks.check_invariants()
 
 
-@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="torch.compile needs a C++ compiler")
-def test_compiled_engine_gives_the_eager_engines_tokens(engine, tiny_model, tiny_tokenizer):
-    compiled = Engine(tiny_model, tiny_tokenizer, max_batch=8, compile=True).start()
-    try:
-        compiled.warmup()  # compiles every decode variant first, on free slots it hands back zeroed
-        assert compiled.runner.compiled, "the warmup's compile failed, so the engine fell back to eager"
-        assert compiled.cache.num_used == 0
-        assert all(layer.abs().sum() == 0 for layer in compiled.cache.layers)
-        requests = [(p, GREEDY, True) for p in prompts(tiny_tokenizer, 6)]
-        assert [token_ids(o) for o in run_together(compiled, requests)] == \
-               [token_ids(o) for o in run_together(engine, requests)]
-    finally:
-        compiled.shutdown()
+def test_shutdown_never_frees_state_under_a_running_step(tiny_model, tiny_tokenizer, monkeypatch):
+    eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=2, num_blocks=16, threads=1).start()
+    in_step, release = threading.Event(), threading.Event()
+    real_execute = eng.runner.execute
 
+    def slow_execute(sched):
+        if eng.scheduler.running and eng.scheduler.running[0].num_output_tokens >= 2:
+            in_step.set()
+            release.wait(30)
+        return real_execute(sched)
 
-def test_an_engine_whose_compile_fails_serves_without_it(tiny_model, tiny_tokenizer, monkeypatch, caplog):
-    eng = Engine(tiny_model, tiny_tokenizer, max_batch=4, compile=True).start()
-    try:
-        def no_compiler():
-            raise RuntimeError("no C++ compiler found")
-        monkeypatch.setattr(eng.runner, "compile_decode_variants", no_compiler)
-        eng.warmup()
-        assert not eng.runner.compiled
-        assert "decoding without it: no C++ compiler found" in caplog.text
-        ids = tiny_tokenizer.encode("To be")
-        expected = [s.token_id for s in generate(tiny_model, tiny_tokenizer, ids, GREEDY)]
-        assert token_ids(eng.generate(ids, GREEDY, timeout=60)) == expected
-    finally:
-        eng.shutdown()
-
-
-def test_a_decode_step_whose_compile_fails_later_is_decoded_eagerly(tiny_model, tiny_tokenizer, monkeypatch, caplog):
-    eager_decode = server.runner.decode_one_token
-
-    def compile_fails(*args, compiled=False, **kwargs):
-        if compiled:
-            raise RuntimeError("inductor: an unsupported op")
-        return eager_decode(*args, **kwargs)
-
-    monkeypatch.setattr(server.runner, "decode_one_token", compile_fails)
-    eng = Engine(tiny_model, tiny_tokenizer, max_batch=4, compile=True).start()  # no warmup: the first step compiles
-    try:
-        ids = tiny_tokenizer.encode("To be")
-        expected = [s.token_id for s in generate(tiny_model, tiny_tokenizer, ids, GREEDY)]
-        outs = eng.generate(ids, GREEDY, timeout=60)
-        assert token_ids(outs) == expected and outs[-1].finish_reason == "length"
-        assert not eng.runner.compiled
-        assert "decoding without it: inductor: an unsupported op" in caplog.text
-    finally:
-        eng.shutdown()
+    monkeypatch.setattr(eng.runner, "execute", slow_execute)
+    events = queue.Queue()
+    eng.submit(tiny_tokenizer.encode("To be"), SamplingParams(max_new_tokens=50, temperature=0, ignore_eos=True),
+               events.put)
+    assert in_step.wait(30)
+    held = 16 - eng.blocks.num_free_blocks
+    eng.shutdown(timeout=0.2)  # returns while the step is still running
+    assert eng.blocks.num_free_blocks == 16 - held, "shutdown freed blocks under a running step"
+    assert eng.num_running == 1
+    release.set()
+    eng._thread.join(30)
+    outs = []
+    while not events.empty():
+        outs.append(events.get())
+    assert outs[-1].finish_reason == "error" and outs[-1].error_type == "shutdown"
+    assert eng.blocks.num_free_blocks == 16 and eng.num_running == 0

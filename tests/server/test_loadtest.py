@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.loadtest import (BUILTIN_PASSAGE, LoadTestConfig, RequestParams, build_prompts, run_labels)
-from server.loadtest_report import (RequestRecord, cache_ratio, distribution, itl_by_token_index, percentile,
+from loadtest.client import (BUILTIN_PASSAGE, LoadTestConfig, RequestParams, build_prompts, run_labels)
+from loadtest.report import (RequestRecord, cache_ratio, distribution, itl_by_token_index, percentile,
                                     render_tables, summarize)
 
 
@@ -77,31 +77,43 @@ def test_cache_ratio_is_cache_on_over_cache_off():
     assert ratio["e2e_s"]["mean"] == 0.5
 
 
-def test_tables_show_a_ratio_column_only_when_comparing():
-    on = summarize([record(0.0, [0.5, 1.0], 1.0)], 1.0, label="c=1 cache on", concurrency=1,
-                   request_rate=None, use_cache=True)
-    off = {**on, "label": "c=1 cache off", "use_cache": False}
+def test_tables_show_a_column_per_mode_and_per_comparison():
+    on = summarize([record(0.0, [0.5, 1.0], 1.0)], 1.0, label="c=1 prefix", concurrency=1,
+                   request_rate=None, cache_mode="prefix")
+    off = {**on, "label": "c=1 off", "cache_mode": "off"}
     plain = render_tables({"runs": [on], "cache_ratios": []})
-    assert [c.header for c in plain[0].columns] == ["metric", "c=1 cache on"]
+    assert [c.header for c in plain[0].columns] == ["metric", "KV + prefix cache"]
     compared = render_tables({"runs": [on, off], "cache_ratios": [
-        {"concurrency": 1, "request_rate": None, "cache_on_over_off": cache_ratio(on, off)}]})
-    assert [c.header for c in compared[0].columns] == ["metric", "cache on", "cache off", "on/off"]
+        {"concurrency": 1, "request_rate": None, "numerator": "prefix", "denominator": "off",
+         "ratio": cache_ratio(on, off)}]})
+    assert [c.header for c in compared[0].columns] == ["metric", "KV + prefix cache", "no cache", "prefix/off"]
+
+
+def test_the_hit_rate_is_cached_over_prompt_tokens():
+    a, b = record(0.0, [0.5], 1.0), record(0.0, [0.5], 1.0)
+    a.prompt_tokens, a.cached_tokens, b.prompt_tokens, b.cached_tokens = 100, 64, 100, 0
+    summary = summarize([a, b], 1.0)
+    assert (summary["prompt_tokens"], summary["cached_prompt_tokens"], summary["prefix_cache_hit_rate"]) == (
+        200, 64, 0.32)
 
 
 def test_greedy_request_body_follows_tgi_schema():
-    body = RequestParams(max_new_tokens=5, use_cache=False, ignore_eos=False).body("Hi")
+    body = RequestParams(max_new_tokens=5, cache_mode="off", ignore_eos=False).body("Hi")
     assert body == {"inputs": "Hi", "parameters": {"max_new_tokens": 5, "use_cache": False, "details": True,
                                                    "do_sample": False}}
+    salts = {RequestParams(cache_mode="kv").body("Hi")["parameters"]["cache_salt"] for _ in range(3)}
+    assert len(salts) == 3, "the kv mode needs a fresh salt per request (no prefix reuse across requests)"
+    assert "cache_salt" not in RequestParams(cache_mode="prefix").body("Hi")["parameters"]
     sampled = RequestParams(max_new_tokens=5, temperature=0.7).body("Hi")["parameters"]
     assert sampled["do_sample"] is True and sampled["temperature"] == 0.7 and sampled["ignore_eos"] is True
 
 
 def test_runs_put_cache_modes_side_by_side_per_level():
-    labels = run_labels(LoadTestConfig(concurrency=(1, 4), cache_modes=(True, False)))
-    assert [(r["concurrency"], r["use_cache"]) for r in labels] == [(1, True), (1, False), (4, True), (4, False)]
-    assert labels[0]["label"] == "c=1 cache on"
+    labels = run_labels(LoadTestConfig(concurrency=(1, 4), cache_modes=("kv", "off")))
+    assert [(r["concurrency"], r["cache_mode"]) for r in labels] == [(1, "kv"), (1, "off"), (4, "kv"), (4, "off")]
+    assert labels[0]["label"] == "c=1 kv"
     rates = run_labels(LoadTestConfig(request_rates=(2.5,)))
-    assert [(r["concurrency"], r["request_rate"], r["label"]) for r in rates] == [(None, 2.5, "rate=2.5/s cache on")]
+    assert [(r["concurrency"], r["request_rate"], r["label"]) for r in rates] == [(None, 2.5, "rate=2.5/s prefix")]
 
 
 def test_prompts_are_cut_to_exact_token_counts(tiny_tokenizer):
@@ -121,15 +133,16 @@ def test_load_test_against_real_server_counts_every_token(server_url, tiny_check
     import asyncio
     import json
 
-    from server.loadtest import load_prompts, run_load_test
-    from server.loadtest_report import write_plots
+    from loadtest.client import load_prompts, run_load_test
+    from loadtest.report import write_plots
 
-    prompts, note = load_prompts(4, 8, None, str(tiny_checkpoint))
-    assert note["tokens_max"] == 8
-    config = LoadTestConfig(url=server_url, concurrency=(1, 2), cache_modes=(True, False), num_requests=3,
+    prompts, note = load_prompts(4, 8, None, str(tiny_checkpoint), shared_prefix_tokens=40)
+    assert note["tokens_max"] >= 40 + 8 and note["shared_prefix_tokens"] == 40
+    config = LoadTestConfig(url=server_url, concurrency=(1, 2), cache_modes=("prefix", "kv", "off"), num_requests=3,
                             max_new_tokens=4, request_timeout_s=60, timeout_s=240)
     report = asyncio.run(run_load_test(config, prompts))
-    assert [r["label"] for r in report["runs"]] == ["c=1 cache on", "c=1 cache off", "c=2 cache on", "c=2 cache off"]
+    assert [r["label"] for r in report["runs"]] == ["c=1 prefix", "c=1 kv", "c=1 off", "c=2 prefix", "c=2 kv",
+                                                    "c=2 off"]
     for run in report["runs"]:
         assert (run["requests_ok"], run["requests_failed"]) == (3, 0), run["errors"]
         tokens = [r["output_tokens"] for r in run["requests"]]
@@ -141,9 +154,16 @@ def test_load_test_against_real_server_counts_every_token(server_url, tiny_check
         assert run["ttft_s"]["count"] == 3 and run["e2e_s"]["count"] == 3
         assert run["itl_s"]["count"] == sum(n - 1 for n in tokens)
         assert len(run["itl_by_token_index_s"]) == max(tokens) - 1
-    assert [(c["concurrency"], sorted(c["cache_on_over_off"])) for c in report["cache_ratios"]] == [
-        (1, sorted(["output_tokens_per_s", "requests_per_s", "ttft_s", "tpot_s", "itl_s", "e2e_s"])),
-        (2, sorted(["output_tokens_per_s", "requests_per_s", "ttft_s", "tpot_s", "itl_s", "e2e_s"]))]
+        hits = [r["cached_tokens"] for r in run["requests"]]
+        if run["cache_mode"] == "prefix":
+            assert all(h >= 32 for h in hits), hits  # the shared prefix's two full blocks, at least
+        else:
+            assert hits == [0, 0, 0], hits
+    assert [(c["concurrency"], c["numerator"], c["denominator"]) for c in report["cache_ratios"]] == [
+        (1, "kv", "off"), (2, "kv", "off"), (1, "prefix", "off"), (2, "prefix", "off"), (1, "prefix", "kv"),
+        (2, "prefix", "kv")]
+    assert sorted(report["cache_ratios"][0]["ratio"]) == sorted(
+        ["output_tokens_per_s", "requests_per_s", "ttft_s", "tpot_s", "itl_s", "e2e_s"])
     json.dumps(report)
     assert [p.name for p in write_plots(report, tmp_path)] == ["throughput_latency.png", "itl_by_token_index.png"]
     assert all((tmp_path / name).stat().st_size > 0 for name in ("throughput_latency.png", "itl_by_token_index.png"))
@@ -152,21 +172,21 @@ def test_load_test_against_real_server_counts_every_token(server_url, tiny_check
 def test_command_line_writes_json_report(server_url, tiny_checkpoint, tmp_path):
     import json
 
-    from server.loadtest import main
+    from loadtest.client import main
 
     out = tmp_path / "report.json"
     code = main(["--url", server_url, "--concurrency", "2", "--num-requests", "2", "--max-new-tokens", "3",
                  "--prompt-tokens", "6", "--tokenizer", str(tiny_checkpoint), "--quiet", "--json-out", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
-    assert [(r["concurrency"], r["use_cache"], r["requests_ok"]) for r in report["runs"]] == [(2, True, 2)]
+    assert [(r["concurrency"], r["cache_mode"], r["requests_ok"]) for r in report["runs"]] == [(2, "prefix", 2)]
     assert report["prompts"]["tokens_max"] == 6
 
 
 def test_unreachable_server_is_reported_not_retried(tiny_checkpoint):
     import socket
 
-    from server.loadtest import main
+    from loadtest.client import main
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -61,7 +61,7 @@ def engine_held_after_token(engine, num_tokens: int) -> Iterator[threading.Event
 
     def held_step():
         batch = step()
-        if any(len(seq.output_ids) >= num_tokens for seq in batch.sequences):
+        if any(req.num_output_tokens >= num_tokens for req in batch.requests):
             release.wait(WAIT_MS / 1000)
         return batch
 
@@ -166,7 +166,7 @@ def test_attention_view_draws_the_weights_the_api_returns(page, live, artifacts)
     generate_to_the_end(page)
     page.click("#show-attention")
     expect(page.locator("#attention")).to_be_visible()
-    config = live.engine.config
+    config = live.engine.model_config
     expect(page.locator("#layer option")).to_have_count(config.n_layer)
     expect(page.locator("#head option")).to_have_count(config.n_head + 1)  # + average over heads
     assert page.eval_on_selector("#heatmap", "c => c.width > 0 && c.height > 0")

@@ -10,9 +10,9 @@ import httpx
 import pytest
 import torch
 
-from server.runner import ModelRunner
-from server.serving import Limits
-from tests.server.conftest import ServerProcess, sse_events, wait_for
+from server.engine.model_runner import ModelRunner
+from server.api.serving import Limits
+from tests.server.conftest import ServerProcess, blocks_free, hook_sampling, sse_events, wait_for
 
 GREEDY = {"max_new_tokens": 12, "ignore_eos": True}
 
@@ -44,16 +44,12 @@ def run_together(live, bodies: list[dict]) -> list[httpx.Response]:
 @pytest.fixture
 def nan_logits_for_seed_17(monkeypatch):
     """Decode steps give NaN logits in the rows of requests with seed 17, as a broken kernel would."""
-    real = ModelRunner._decode
-
-    def decode(self, seqs):
-        logits = real(self, seqs)
-        for i, s in enumerate(seqs):
-            if s.params.seed == 17:
+    def before(reqs, logits):
+        for i, r in enumerate(reqs):
+            if r.params.seed == 17 and r.num_output_tokens > 0:
                 logits[i] = float("nan")
-        return logits
 
-    monkeypatch.setattr(ModelRunner, "_decode", decode)
+    hook_sampling(monkeypatch, before=before)
 
 
 def test_nan_logits_in_one_row_fail_that_request_only(live, nan_logits_for_seed_17):
@@ -70,7 +66,7 @@ def test_nan_logits_in_one_row_fail_that_request_only(live, nan_logits_for_seed_
         events = sse_events(c.post("/generate_stream", json=bodies[2]).iter_lines())
     assert [e.get("index") for e in events[:-1]] == [1]
     assert events[-1]["error_type"] == "generation" and "non-finite" in events[-1]["error"]
-    wait_for(lambda: live.engine.cache.num_used == 0 and live.engine.num_running == 0, "the slots to be freed")
+    wait_for(lambda: blocks_free(live.engine) and live.engine.num_running == 0, "the slots to be freed")
 
 
 @pytest.fixture
@@ -79,7 +75,7 @@ def out_of_memory_for_seed_19(monkeypatch):
     real = ModelRunner.execute
 
     def execute(self, batch):
-        if any(s.params.seed == 19 for s in batch.sequences):
+        if any(r.params.seed == 19 for r in batch.requests):
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
         return real(self, batch)
 
@@ -95,7 +91,7 @@ def test_out_of_memory_in_one_request_fails_it_alone_and_the_others_match_their_
     results = run_together(live, bodies)
     assert results[-1].status_code == 500 and "OutOfMemoryError" in results[-1].json()["error"]
     assert [r.json()["generated_text"] for r in results[:-1]] == solo
-    wait_for(lambda: live.engine.cache.num_used == 0 and live.engine.num_running == 0, "the slots to be freed")
+    wait_for(lambda: blocks_free(live.engine) and live.engine.num_running == 0, "the slots to be freed")
 
 
 # ---- deadlines -------------------------------------------------------------------------------------
@@ -131,7 +127,7 @@ def test_a_request_past_its_deadline_ends_with_a_timeout_error_and_frees_its_slo
     final = answer[-1] if stream else answer
     assert status == (200 if stream else 504), answer
     assert final["error_type"] == "timeout" and "deadline of 0.05 s" in final["error"], final
-    wait_for(lambda: engine.num_running == engine.num_waiting == 0 and engine.cache.num_used == 0, "a free slot")
+    wait_for(lambda: engine.num_running == engine.num_waiting == 0 and blocks_free(engine), "a free slot")
     assert generate(small_live, "To be", max_new_tokens=2).status_code == 200
 
 
@@ -264,7 +260,7 @@ def greedy_key(req: dict) -> tuple:
 
 def test_soak_mixed_requests_with_disconnects_leave_nothing_behind(tiny_checkpoint, record_property):
     rng, model = random.Random(1234), tiny_checkpoint.name  # the process serves the model by its folder's name
-    server = ServerProcess(tiny_checkpoint, "--max-batch", "8", "--max-waiting", "512")
+    server = ServerProcess(tiny_checkpoint, "--max-num-seqs", "8", "--max-waiting", "512")
     try:
         server.wait_healthy()
         solo_reqs = [{"prompt": p, "params": {"max_new_tokens": n, "ignore_eos": True}, "stream": False,

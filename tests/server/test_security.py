@@ -17,7 +17,7 @@ TINY_BODY = {"inputs": "To be", "parameters": {"max_new_tokens": 2}}
 
 @pytest.fixture(scope="module")
 def keyed(tiny_checkpoint):
-    server = serve(tiny_checkpoint, app_kw={"api_key": KEY, "cors_origins": [ORIGIN]}, max_batch=2, max_waiting=4)
+    server = serve(tiny_checkpoint, app_kw={"api_key": KEY, "cors_origins": [ORIGIN]}, max_num_seqs=2, max_waiting=4)
     yield server
     server.stop()
 

@@ -8,7 +8,7 @@ import threading
 import httpx
 import pytest
 
-from tests.server.conftest import ServerProcess, serve, sse_events, wait_for
+from tests.server.conftest import ServerProcess, blocks_free, serve, sse_events, wait_for
 
 LONG = {"inputs": "To be", "parameters": {"max_new_tokens": 100, "ignore_eos": True}}
 
@@ -41,7 +41,7 @@ def stream_in_thread(url: str, body: dict, results: list,
 
 @pytest.fixture
 def draining(tiny_checkpoint, request):
-    server = serve(tiny_checkpoint, app_kw={"shutdown_grace": request.param}, max_batch=1, max_waiting=4)
+    server = serve(tiny_checkpoint, app_kw={"shutdown_grace": request.param}, max_num_seqs=1, max_waiting=4)
     yield server
     server.stop()
 
@@ -78,11 +78,11 @@ def test_requests_still_running_after_the_grace_end_with_a_shutdown_event(draini
     assert sorted(kind for kind, _ in results) == ["events", "events"], results
     for _, events in results:
         assert events[-1] == {"error": "the server shut down before this request finished", "error_type": "shutdown"}
-    assert engine.num_running == engine.num_waiting == 0 and engine.cache.num_used == 0
+    assert engine.num_running == engine.num_waiting == 0 and blocks_free(engine)
 
 
 def run_until_sigterm(checkpoint, grace: str, bodies: list[dict]) -> tuple[list, ServerProcess]:
-    server = ServerProcess(checkpoint, "--max-batch", "1", "--max-waiting", "64", "--shutdown-grace", grace)
+    server = ServerProcess(checkpoint, "--max-num-seqs", "1", "--max-waiting", "64", "--shutdown-grace", grace)
     try:
         server.wait_healthy()
         results: list = []

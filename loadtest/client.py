@@ -1,4 +1,4 @@
-"""Load-test client for the streaming endpoint: `python -m server.loadtest --url URL [options]`.
+"""Load-test client for the streaming endpoint: `python -m loadtest.client --url URL [options]`.
 
 Sends `POST {url}/generate_stream` requests, timestamps every streamed token on arrival, and
 reports per run (a concurrency level or a request rate, with the KV cache on or off):
@@ -14,9 +14,16 @@ reports per run (a concurrency level or a request rate, with the KV cache on or 
 - requests/s: ok requests / the run's wall time.
 - Each latency is reported as mean / p50 / p90 / p99 (percentiles by linear interpolation
   between closest ranks, as numpy's default), over ok requests only.
-- cache ratio (`--compare-cache`): the same workload against the same server with
-  `use_cache` on, then off; each metric's ratio is cache-on / cache-off, so a ratio above 1 is
-  a gain for throughput and a ratio below 1 is a gain for latency.
+- cache modes (`--cache-modes`, or `--compare-cache` for all three): the same workload against the
+  same server with `use_cache: false` (`off`: every step recomputes the whole sequence), with the KV
+  cache but no reuse across requests (`kv`: a fresh `cache_salt` per request), and with the KV cache
+  and prefix caching (`prefix`: what the server does by default). Each comparison's ratio is the
+  faster mode over the slower one (kv/off, prefix/off, prefix/kv), so a ratio above 1 is a gain for
+  throughput and a ratio below 1 a gain for latency.
+- prefix-cache hit rate: prompt tokens the server served from its prefix cache (its
+  `details.cached_tokens`) over all prompt tokens of the run's ok requests.
+- `--shared-prefix-tokens N` puts the same N-token passage in front of every prompt: the workload
+  where prefix caching pays (a system prompt, a few-shot header, a shared document).
 - ITL by token index: the mean gap before output token i+1, over the requests that reached it;
   uncached, every step recomputes the whole sequence so this grows with i; cached, it stays flat.
 
@@ -35,6 +42,7 @@ import math
 import random
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -42,7 +50,7 @@ from pathlib import Path
 import httpx
 
 from model.data import DEFAULT_DATA_DIR
-from server.loadtest_report import RequestRecord, cache_ratio, summarize
+from loadtest.report import RequestRecord, cache_ratio, summarize
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 WORDS_PER_TOKEN = 0.75  # rule of thumb for English BPE, used only when no tokenizer is given
@@ -94,15 +102,20 @@ def read_prompts_file(path: str | Path) -> list[str]:
 
 # ---------------------------------------------------------------- the HTTP client
 
+CACHE_MODES = ("off", "kv", "prefix")
+
+
 @dataclass(frozen=True)
 class RequestParams:
     max_new_tokens: int = 128
-    use_cache: bool = True
+    cache_mode: str = "prefix"  # off: use_cache false; kv: a fresh cache_salt per request; prefix: plain
     ignore_eos: bool = True  # ask for exactly max_new_tokens; dropped if the server rejects it
     temperature: float = 0.0  # 0 = greedy
 
     def body(self, prompt: str) -> dict:
-        parameters = {"max_new_tokens": self.max_new_tokens, "use_cache": self.use_cache, "details": True}
+        parameters = {"max_new_tokens": self.max_new_tokens, "use_cache": self.cache_mode != "off", "details": True}
+        if self.cache_mode == "kv":
+            parameters["cache_salt"] = uuid.uuid4().hex  # no prefix reuse across requests
         if self.ignore_eos:
             parameters["ignore_eos"] = True
         if self.temperature > 0:
@@ -151,6 +164,8 @@ async def stream_one(client: httpx.AsyncClient, url: str, prompt: str, params: R
                     record.end, record.ok = now, True
                     record.finish_reason = details.get("finish_reason")
                     record.server_generated_tokens = details.get("generated_tokens")
+                    record.prompt_tokens = details.get("input_length")
+                    record.cached_tokens = details.get("cached_tokens")
                     return record
         record.error, record.error_type = "the stream ended without a final event", "truncated_stream"
     except httpx.HTTPError as e:
@@ -252,7 +267,7 @@ class LoadTestConfig:
     url: str = DEFAULT_URL
     concurrency: tuple[int, ...] = (1,)  # closed-loop levels
     request_rates: tuple[float, ...] = ()  # open-loop rates; when given, used instead of concurrency
-    cache_modes: tuple[bool, ...] = (True,)  # (True, False) compares cache on and off
+    cache_modes: tuple[str, ...] = ("prefix",)  # of CACHE_MODES, run side by side at each level
     num_requests: int = 32  # per run
     duration_s: float = 60.0  # per run: no new request after this
     request_timeout_s: float = 120.0
@@ -267,9 +282,9 @@ def run_labels(config: LoadTestConfig) -> list[dict]:
     """The runs in order: each level with every cache mode side by side."""
     levels = [{"concurrency": None, "request_rate": r} for r in config.request_rates] or [
         {"concurrency": c, "request_rate": None} for c in config.concurrency]
-    return [{**level, "use_cache": use_cache,
+    return [{**level, "cache_mode": mode,
              "label": (f"c={level['concurrency']}" if level["concurrency"] else f"rate={level['request_rate']:g}/s")
-             + f" cache {'on' if use_cache else 'off'}"} for level in levels for use_cache in config.cache_modes]
+             + f" {mode}"} for level in levels for mode in config.cache_modes]
 
 
 async def run_load_test(config: LoadTestConfig, prompts: list[str],
@@ -277,11 +292,11 @@ async def run_load_test(config: LoadTestConfig, prompts: list[str],
                         on_done: Callable[[RequestRecord], None] | None = None) -> dict:
     """Probes the server, then runs every level and cache mode. Returns the JSON-ready report."""
     deadline = time.perf_counter() + config.timeout_s
-    params = RequestParams(max_new_tokens=config.max_new_tokens, use_cache=config.cache_modes[0],
+    params = RequestParams(max_new_tokens=config.max_new_tokens, cache_mode=config.cache_modes[0],
                            ignore_eos=config.ignore_eos, temperature=config.temperature)
     params, server_notes = await probe(config.url, prompts[0], params, config.request_timeout_s)
-    for use_cache in config.cache_modes[1:]:
-        await probe(config.url, prompts[0], replace(params, use_cache=use_cache), config.request_timeout_s)
+    for mode in config.cache_modes[1:]:
+        await probe(config.url, prompts[0], replace(params, cache_mode=mode), config.request_timeout_s)
     runs, skipped = [], []
     for labels in run_labels(config):
         if time.perf_counter() >= deadline:
@@ -292,23 +307,26 @@ async def run_load_test(config: LoadTestConfig, prompts: list[str],
                             request_timeout_s=config.request_timeout_s, seed=config.seed)
         if on_run_start:
             on_run_start(labels["label"], config.num_requests)
-        records, wall_s = await run_workload(config.url, prompts, replace(params, use_cache=labels["use_cache"]),
+        records, wall_s = await run_workload(config.url, prompts, replace(params, cache_mode=labels["cache_mode"]),
                                              workload, on_done, deadline)
         runs.append(summarize(records, wall_s, **labels))
     ratios = []
-    for on in (r for r in runs if r["use_cache"]):
-        off = next((r for r in runs if not r["use_cache"] and r["concurrency"] == on["concurrency"]
-                    and r["request_rate"] == on["request_rate"]), None)
-        if off is not None:
-            ratios.append({"concurrency": on["concurrency"], "request_rate": on["request_rate"],
-                           "cache_on_over_off": cache_ratio(on, off)})
+    for faster, slower in (("kv", "off"), ("prefix", "off"), ("prefix", "kv")):
+        for a in (r for r in runs if r["cache_mode"] == faster):
+            b = next((r for r in runs if r["cache_mode"] == slower and r["concurrency"] == a["concurrency"]
+                      and r["request_rate"] == a["request_rate"]), None)
+            if b is not None:
+                ratios.append({"concurrency": a["concurrency"], "request_rate": a["request_rate"],
+                               "numerator": faster, "denominator": slower, "ratio": cache_ratio(a, b)})
     return {"config": asdict(config), "server": server_notes, "runs": runs, "cache_ratios": ratios,
             "skipped_runs_at_timeout": skipped}
 
 
 def load_prompts(count: int, prompt_tokens: int, prompts_file: str | None, tokenizer_dir: str | None,
-                 seed: int = 0) -> tuple[list[str], dict]:
-    """Prompts and a note on where they came from (and their token counts, when a tokenizer is known)."""
+                 seed: int = 0, shared_prefix_tokens: int = 0) -> tuple[list[str], dict]:
+    """Prompts and a note on where they came from (and their token counts, when a tokenizer is known).
+    With `shared_prefix_tokens`, one passage of that many tokens (ending at a line break, so it
+    tokenizes the same in front of any prompt) comes first in every prompt."""
     from model.checkpoint import DEFAULT_CHECKPOINT, load_tokenizer
 
     tokenizer_path = Path(tokenizer_dir) if tokenizer_dir else DEFAULT_CHECKPOINT
@@ -319,7 +337,11 @@ def load_prompts(count: int, prompt_tokens: int, prompts_file: str | None, token
         texts = default_corpus()
         prompts = build_prompts(texts, count, prompt_tokens, tokenizer, seed)
         source = "built-in passage" if texts == [BUILTIN_PASSAGE] else str(DEFAULT_DATA_DIR)
-    note = {"source": source, "count": len(prompts), "tokenizer": str(tokenizer_path) if tokenizer else None}
+    if shared_prefix_tokens:
+        prefix = build_prompts(default_corpus(), 1, shared_prefix_tokens - 1, tokenizer, seed=10**6)[0] + "\n"
+        prompts = [prefix + p for p in prompts]
+    note = {"source": source, "count": len(prompts), "tokenizer": str(tokenizer_path) if tokenizer else None,
+            "shared_prefix_tokens": shared_prefix_tokens}
     if tokenizer is not None:
         lengths = [len(tokenizer.encode(p)) for p in prompts]
         note.update(tokens_min=min(lengths), tokens_max=max(lengths), tokens_mean=sum(lengths) / len(lengths))
@@ -331,7 +353,7 @@ def load_prompts(count: int, prompt_tokens: int, prompts_file: str | None, token
 # ---------------------------------------------------------------- command line
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m server.loadtest", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default=DEFAULT_URL, help="the server to test (nothing else is contacted)")
     ap.add_argument("--concurrency", default="1", help="closed-loop levels, comma-separated, e.g. 1,4,16,32")
@@ -350,8 +372,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--no-ignore-eos", action="store_true", help="let requests end at EOS")
     cache = ap.add_mutually_exclusive_group()
-    cache.add_argument("--compare-cache", action="store_true", help="run every level with use_cache on and off")
-    cache.add_argument("--no-cache", action="store_true", help="send use_cache=false")
+    cache.add_argument("--cache-modes", default="prefix",
+                       help="comma-separated, run side by side: off (use_cache false), kv (the KV cache, a fresh "
+                            "cache_salt per request), prefix (KV cache and prefix caching, the server's default)")
+    cache.add_argument("--compare-cache", action="store_true", help="all three modes: --cache-modes prefix,kv,off")
+    cache.add_argument("--no-cache", action="store_true", help="send use_cache=false (--cache-modes off)")
+    ap.add_argument("--shared-prefix-tokens", type=int, default=0,
+                    help="the same passage of this many tokens in front of every prompt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--plot-dir", default=None)
@@ -359,12 +386,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def cache_modes(args: argparse.Namespace) -> tuple[str, ...]:
+    if args.compare_cache:
+        return ("prefix", "kv", "off")
+    if args.no_cache:
+        return ("off",)
+    modes = tuple(m.strip() for m in args.cache_modes.split(",") if m.strip())
+    unknown = [m for m in modes if m not in CACHE_MODES]
+    if unknown or not modes:
+        raise SystemExit(f"error: unknown cache mode(s) {unknown}; choose from {', '.join(CACHE_MODES)}")
+    return modes
+
+
 def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
     return LoadTestConfig(
         url=args.url.rstrip("/"),
         concurrency=tuple(int(c) for c in args.concurrency.split(",")),
         request_rates=tuple(float(r) for r in args.request_rate.split(",")) if args.request_rate else (),
-        cache_modes=(True, False) if args.compare_cache else (not args.no_cache,),
+        cache_modes=cache_modes(args),
         num_requests=args.num_requests, duration_s=args.duration, request_timeout_s=args.request_timeout,
         timeout_s=args.timeout, max_new_tokens=args.max_new_tokens, ignore_eos=not args.no_ignore_eos,
         temperature=args.temperature, seed=args.seed)
@@ -373,7 +412,7 @@ def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    from server.loadtest_report import progress_bar, render_tables, write_plots
+    from loadtest.report import progress_bar, render_tables, write_plots
 
     args = parse_args(argv)
     config = config_from_args(args)
@@ -382,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     console = Console(stderr=True)
     prompts, prompt_note = load_prompts(args.num_prompts, args.prompt_tokens, args.prompts_file, args.tokenizer,
-                                        args.seed)
+                                        args.seed, args.shared_prefix_tokens)
     try:
         with progress_bar(console, disabled=args.quiet) as (on_run_start, on_done):
             report = asyncio.run(asyncio.wait_for(run_load_test(config, prompts, on_run_start, on_done),

@@ -20,11 +20,11 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.engine import Engine
-from server.metrics import Metrics
-from server.middleware import BearerAuth, BodySizeLimit
-from server.playground import router as playground_router
-from server.protocol import CompletionRequest, GenerateRequest, ModelCard, ModelList
-from server.serving import APIError, Limits, openai_completion, tgi_generate
+from server.api.metrics import Metrics
+from server.api.middleware import BearerAuth, BodySizeLimit
+from server.api.playground import router as playground_router
+from server.api.protocol import CompletionRequest, GenerateRequest, ModelCard, ModelList
+from server.api.serving import APIError, Limits, openai_completion, tgi_generate
 
 log = logging.getLogger("kvserve.app")
 
@@ -64,7 +64,10 @@ class AppState:
             log.exception("loading the engine failed")
             self.load_error = f"{type(e).__name__}: {e}"
             return
-        self.metrics.bind(lambda: engine.num_running, lambda: engine.num_waiting, lambda: engine.kv_cache_usage)
+        stats = engine.stats
+        self.metrics.bind(lambda: engine.num_running, lambda: engine.num_waiting, lambda: engine.kv_cache_usage,
+                          lambda: {"prefix_cache_queries": stats.prefix_cache_queries,
+                                   "prefix_cache_hits": stats.prefix_cache_hits, "num_preemptions": stats.preemptions})
         self.engine = engine
         log.info("model %s ready", self.model_name)
 
@@ -145,7 +148,10 @@ def create_app(load_engine: Callable[[], Engine], *, model_name: str = "model", 
         return {"model_id": model_name, "model_dtype": dtype, "model_device_type": engine.device.type,
                 "max_input_tokens": max_input, "max_total_tokens": engine.context_length,
                 "max_new_tokens": limits.max_new_tokens, "max_stop_sequences": limits.max_stop_sequences,
-                "max_batch_size": engine.scheduler.max_running, "max_waiting_requests": engine.scheduler.max_waiting,
+                "max_batch_size": engine.config.max_num_seqs, "max_waiting_requests": engine.config.max_waiting,
+                "max_batch_total_tokens": engine.blocks.num_blocks * engine.blocks.block_size,
+                "block_size": engine.blocks.block_size, "prefix_caching": engine.config.enable_prefix_caching,
+                "kernels": engine.model.kernels,
                 "request_timeout_s": limits.request_timeout, "router": "kvserve"}
 
     @app.post("/generate")

@@ -14,7 +14,7 @@ import torch
 from model.attention import attention_weights
 from model.gpt import GPT
 from server.engine import Engine
-from server.protocol import AttentionWeights
+from server.api.protocol import AttentionWeights
 
 MAX_ATTENTION_QUERIES = 64  # generated tokens whose rows are returned (the first ones)
 ATTENTION_DECIMALS = 4
@@ -29,11 +29,16 @@ def generated_token_rows(model: GPT, prompt_ids: list[int], output_ids: list[int
     return rows.round(decimals=ATTENTION_DECIMALS)
 
 
-async def attention_of_generation(engine: Engine, prompt_ids: list[int], output_ids: list[int]) -> AttentionWeights:
-    """Computes on the engine thread, awaits without blocking the event loop, shapes the response."""
-    future = engine.run_between_steps(lambda: generated_token_rows(engine.model, prompt_ids, output_ids))
-    rows = await asyncio.wrap_future(future)  # (L, nh, Q, K)
+def _payload(engine: Engine, rows: torch.Tensor, prompt_ids: list[int], output_ids: list[int]) -> AttentionWeights:
     layers, heads, num_queries, num_keys = rows.shape
     ids = (prompt_ids + output_ids)[:num_keys]
     return AttentionWeights(tokens=[engine.tokenizer.decode([i]) for i in ids], query_start=len(prompt_ids),
                             layers=layers, heads=heads, weights=rows.tolist())
+
+
+async def attention_of_generation(engine: Engine, prompt_ids: list[int], output_ids: list[int]) -> AttentionWeights:
+    """Computes on the engine thread, awaits without blocking the event loop, and shapes the payload
+    (nested lists of up to n_layer * n_head * 64 * context numbers) in a worker thread, off the loop."""
+    future = engine.run_between_steps(lambda: generated_token_rows(engine.model, prompt_ids, output_ids))
+    rows = await asyncio.wrap_future(future)  # (L, nh, Q, K)
+    return await asyncio.to_thread(_payload, engine, rows, prompt_ids, output_ids)

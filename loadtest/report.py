@@ -1,6 +1,6 @@
 """The load test's numbers and pictures: request records, metrics, the terminal table, plots.
 
-The metric definitions are in `server.loadtest`'s docstring.
+The metric definitions are in `loadtest.client`'s docstring.
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ class RequestRecord:
     status: int | None = None
     finish_reason: str | None = None
     server_generated_tokens: int | None = None  # details.generated_tokens, when sent
+    prompt_tokens: int | None = None  # details.input_length, when sent
+    cached_tokens: int | None = None  # details.cached_tokens (prompt tokens from the prefix cache), when sent
 
     @property
     def output_tokens(self) -> int:
@@ -78,9 +80,11 @@ def itl_by_token_index(records: list[RequestRecord]) -> list[float]:
 
 
 def summarize(records: list[RequestRecord], wall_s: float, **labels) -> dict:
-    """One run's metrics (seconds throughout); `labels` (concurrency, use_cache, ...) are copied in."""
+    """One run's metrics (seconds throughout); `labels` (concurrency, cache_mode, ...) are copied in."""
     ok = [r for r in records if r.ok]
     tokens = sum(r.output_tokens for r in ok)
+    prompt = sum(r.prompt_tokens or 0 for r in ok)
+    cached = sum(r.cached_tokens or 0 for r in ok)
     rate = (lambda n: n / wall_s) if wall_s > 0 else (lambda n: None)
     return {
         **labels,
@@ -91,6 +95,9 @@ def summarize(records: list[RequestRecord], wall_s: float, **labels) -> dict:
         "wall_s": wall_s,
         "output_tokens": tokens,
         "output_tokens_per_s": rate(tokens),
+        "prompt_tokens": prompt,
+        "cached_prompt_tokens": cached,  # served from the server's prefix cache
+        "prefix_cache_hit_rate": cached / prompt if prompt else None,
         "requests_per_s": rate(len(ok)),
         "ttft_s": distribution([r.ttft for r in ok if r.ttft is not None]),
         "tpot_s": distribution([r.tpot for r in ok if r.tpot is not None]),
@@ -98,7 +105,8 @@ def summarize(records: list[RequestRecord], wall_s: float, **labels) -> dict:
         "e2e_s": distribution([r.e2e for r in ok]),
         "itl_by_token_index_s": itl_by_token_index(ok),
         "requests": [{"ok": r.ok, "ttft_s": r.ttft, "e2e_s": r.e2e, "output_tokens": r.output_tokens,
-                      "server_generated_tokens": r.server_generated_tokens, "finish_reason": r.finish_reason,
+                      "server_generated_tokens": r.server_generated_tokens, "cached_tokens": r.cached_tokens,
+                      "finish_reason": r.finish_reason,
                       "error_type": r.error_type, "error": r.error} for r in records],
     }
 
@@ -107,7 +115,8 @@ RATIO_KEYS = ("output_tokens_per_s", "requests_per_s", "ttft_s", "tpot_s", "itl_
 
 
 def cache_ratio(cache_on: dict, cache_off: dict) -> dict:
-    """cache-on / cache-off for every throughput number and every latency statistic."""
+    """One run over another (a cache mode over a slower one) for every throughput number and latency
+    statistic: above 1 is a gain for throughputs, below 1 for latencies."""
     def ratio(a, b):
         return a / b if a is not None and b else None
 
@@ -128,7 +137,8 @@ LATENCIES = (("TTFT", "ttft_s", "ms", 1e3), ("TPOT", "tpot_s", "ms", 1e3), ("ITL
 # (row name, summary key, statistic or None, display scale)
 TABLE_ROWS = [("requests ok", "requests_ok", None, 1), ("requests failed", "requests_failed", None, 1),
               ("output tokens", "output_tokens", None, 1), ("wall time (s)", "wall_s", None, 1),
-              ("output tokens/s", "output_tokens_per_s", None, 1), ("requests/s", "requests_per_s", None, 1)] + [
+              ("output tokens/s", "output_tokens_per_s", None, 1), ("requests/s", "requests_per_s", None, 1),
+              ("prefix-cache hit rate", "prefix_cache_hit_rate", None, 1)] + [
     (f"{name} {stat} ({unit})", key, stat, scale)
     for name, key, unit, scale in LATENCIES for stat in ("mean", "p50", "p90", "p99")]
 
@@ -149,8 +159,11 @@ def _format(value: float | None, ratio: bool = False) -> str:
     return f"{value:.1f}" if abs(value) >= 100 else f"{value:.2f}" if abs(value) >= 1 else f"{value:.3f}"
 
 
+MODE_NAMES = {"off": "no cache", "kv": "KV cache", "prefix": "KV + prefix cache"}
+
+
 def render_tables(report: dict) -> list:
-    """One table per level with cache on / off / ratio columns when comparing, else one column per run."""
+    """One table per level: a column per cache mode, then a ratio column per comparison."""
     from rich.table import Table
 
     def table(title: str, columns: list[tuple[str, dict, bool]]):
@@ -163,17 +176,16 @@ def render_tables(report: dict) -> list:
                               for _, values, is_ratio in columns))
         return t
 
-    runs, ratios = report["runs"], report["cache_ratios"]
-    if not ratios:
-        return [table("load test", [(run["label"], run, False) for run in runs])]
-    tables = []
-    for comparison in ratios:
-        level = [r for r in runs if (r["concurrency"], r["request_rate"])
-                 == (comparison["concurrency"], comparison["request_rate"])]
-        on, off = (next(r for r in level if r["use_cache"] is flag) for flag in (True, False))
-        title = on["label"].removesuffix(" cache on")
-        tables.append(table(title, [("cache on", on, False), ("cache off", off, False),
-                                    ("on/off", comparison["cache_on_over_off"], True)]))
+    tables, levels = [], []
+    for run in report["runs"]:
+        if (run["concurrency"], run["request_rate"]) not in levels:
+            levels.append((run["concurrency"], run["request_rate"]))
+    for level in levels:
+        runs = [r for r in report["runs"] if (r["concurrency"], r["request_rate"]) == level]
+        ratios = [c for c in report["cache_ratios"] if (c["concurrency"], c["request_rate"]) == level]
+        columns = [(MODE_NAMES.get(r["cache_mode"], r["cache_mode"]), r, False) for r in runs]
+        columns += [(f"{c['numerator']}/{c['denominator']}", c["ratio"], True) for c in ratios]
+        tables.append(table(runs[0]["label"].rsplit(" ", 1)[0], columns))
     return tables
 
 
@@ -210,21 +222,22 @@ def write_plots(report: dict, plot_dir: str | Path) -> list[Path]:
     runs = report["runs"]
     x_key = "request_rate" if any(r["request_rate"] for r in runs) else "concurrency"
     x_label = "request rate (requests/s)" if x_key == "request_rate" else "concurrent clients"
-    modes = sorted({r["use_cache"] for r in runs}, reverse=True)
-    style = {True: dict(color="tab:blue", label="cache on"), False: dict(color="tab:red", label="cache off")}
+    modes = [m for m in MODE_NAMES if any(r["cache_mode"] == m for r in runs)]
+    style = {mode: dict(color=color, label=MODE_NAMES[mode])
+             for mode, color in (("prefix", "tab:green"), ("kv", "tab:blue"), ("off", "tab:red"))}
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     panels = [("output_tokens_per_s", None, "output tokens/s"), ("requests_per_s", None, "requests/s"),
               ("ttft_s", "p50", "TTFT (ms), p50 solid, p90 dashed"), ("tpot_s", "p50", "TPOT (ms), p50 solid, p90 dashed")]
     for ax, (key, stat, title) in zip(axes.flat, panels):
-        for use_cache in modes:
-            mode_runs = sorted((r for r in runs if r["use_cache"] == use_cache), key=lambda r: r[x_key])
+        for mode in modes:
+            mode_runs = sorted((r for r in runs if r["cache_mode"] == mode), key=lambda r: r[x_key])
             xs = [r[x_key] for r in mode_runs]
             scale = 1e3 if stat else 1.0
-            ax.plot(xs, [_cell(r, key, stat, scale) for r in mode_runs], marker="o", **style[use_cache])
+            ax.plot(xs, [_cell(r, key, stat, scale) for r in mode_runs], marker="o", **style[mode])
             if stat:
                 ax.plot(xs, [_cell(r, key, "p90", scale) for r in mode_runs], linestyle="--",
-                        color=style[use_cache]["color"])
+                        color=style[mode]["color"])
         if x_key == "concurrency" and len({r[x_key] for r in runs}) > 2:
             ax.set_xscale("log", base=2)
         ax.set_xticks(sorted({r[x_key] for r in runs}), [f"{x:g}" for x in sorted({r[x_key] for r in runs})])
@@ -241,7 +254,7 @@ def write_plots(report: dict, plot_dir: str | Path) -> list[Path]:
     for ax, level in zip(axes[0], levels):
         for run in (r for r in runs if r[x_key] == level):
             gaps = run["itl_by_token_index_s"]
-            ax.plot(range(1, len(gaps) + 1), [g * 1e3 for g in gaps], **style[run["use_cache"]])
+            ax.plot(range(1, len(gaps) + 1), [g * 1e3 for g in gaps], **style[run["cache_mode"]])
         ax.set(title=f"{x_key.replace('_', ' ')} {level:g}", xlabel="output token index", ylabel="mean ITL (ms)")
         ax.grid(alpha=0.3)
         ax.legend()

@@ -1,5 +1,5 @@
 """Request and response schemas: Hugging Face TGI's (`/generate`, `/generate_stream`, `/`) and OpenAI's
-completions (`/v1/completions`, `/v1/models`). Routes live in `server.app`, the logic in `server.serving`.
+completions (`/v1/completions`, `/v1/models`). Routes live in `server.api.app`, the logic in `server.api.serving`.
 
 Unknown fields are refused (422) rather than ignored. Fields TGI or OpenAI define that this server does
 not implement are accepted only at their neutral value, so a client sending defaults works.
@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 TIMEOUT_DOC = "our extension: seconds before the request is cut short (error_type timeout), at most --request-timeout"
+CACHE_SALT_DOC = ("vLLM's extension: prefix-cache hits only among requests with the same salt (isolates "
+                  "tenants, or measures the cache without prefix reuse)")
 
 
 class Strict(BaseModel):
@@ -45,6 +47,7 @@ class GenerateParameters(Strict):
                                    "tokens in details.attention (turns details on)")
     ignore_eos: bool = Field(False, description="our extension (vLLM's): generate max_new_tokens whatever comes")
     timeout: float | None = Field(None, gt=0, description=TIMEOUT_DOC)
+    cache_salt: NonEmptyStr | None = Field(None, description=CACHE_SALT_DOC)
     # TGI fields accepted at their neutral value only
     best_of: int | None = None
     decoder_input_details: bool = False
@@ -83,6 +86,7 @@ class Timing(BaseModel):
     """Our additions to TGI's details."""
 
     use_cache: bool
+    cached_tokens: int  # prompt tokens whose keys and values came from the prefix cache
     queue_time_s: float | None
     time_to_first_token_s: float | None
     e2e_latency_s: float | None
@@ -92,7 +96,7 @@ class Timing(BaseModel):
 class AttentionWeights(BaseModel):
     """Our addition: what the generated tokens attended to, from one uncached recompute of prompt +
     generated ids. Query j is the token at position query_start + j (the first generated tokens, at most
-    `server.attention_view.MAX_ATTENTION_QUERIES`); keys are positions 0..len(tokens)-1."""
+    `server.api.attention_view.MAX_ATTENTION_QUERIES`); keys are positions 0..len(tokens)-1."""
 
     tokens: list[str]  # text of every token (prompt, then generated) up to the last query
     query_start: int  # position of the first query token = prompt length
@@ -165,6 +169,7 @@ class CompletionRequest(Strict):
     use_cache: bool = True
     ignore_eos: bool = False
     timeout: float | None = Field(None, gt=0, description=TIMEOUT_DOC)
+    cache_salt: NonEmptyStr | None = Field(None, description=CACHE_SALT_DOC)
 
     @model_validator(mode="after")
     def _neutral_only(self) -> "CompletionRequest":
@@ -197,10 +202,15 @@ class CompletionChoice(BaseModel):
     finish_reason: Literal["stop", "length"] | None = None
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens served from the prefix cache
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class CompletionResponse(BaseModel):

@@ -12,19 +12,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
 from model.generate import PromptError
 from model.sampling import SamplingError, SamplingParams
-from server.attention_view import attention_of_generation
+from server.api.attention_view import attention_of_generation
 from server.engine import Engine, EngineStoppedError, QueueFullError
-from server.metrics import Metrics
-from server.protocol import (AttentionWeights, CompletionChoice, CompletionLogprobs, CompletionRequest,
+from server.api.metrics import Metrics
+from server.api.protocol import (AttentionWeights, CompletionChoice, CompletionLogprobs, CompletionRequest,
+                                 PromptTokensDetails,
                              CompletionResponse, Details, ErrorResponse, GenerateParameters, GenerateRequest,
                              GenerateResponse, StreamDetails, StreamResponse, Token, Usage)
-from server.sequence import FINISH_ABORT, FINISH_EOS, FINISH_ERROR, FINISH_STOP, TokenOutput
+from server.engine import FINISH_ABORT, FINISH_EOS, FINISH_ERROR, FINISH_STOP, TokenOutput
 
 log = logging.getLogger("kvserve.serving")
 DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default, cut to what the context leaves
@@ -118,7 +119,7 @@ def tgi_sampling_params(p: GenerateParameters, prompt_len: int, engine: Engine,
     cap = limits.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
     max_new = p.max_new_tokens or max(1, min(DEFAULT_MAX_NEW_TOKENS, engine.context_length - prompt_len, cap))
     limits.check_new_tokens(max_new, "parameters.max_new_tokens")
-    return _params(engine.config.vocab_size, max_new_tokens=max_new,
+    return _params(engine.model_config.vocab_size, max_new_tokens=max_new,
                    temperature=(p.temperature or 1.0) if sampling else 0.0,
                    top_k=(p.top_k or 0) if sampling else 0, top_p=(p.top_p or 1.0) if sampling else 1.0,
                    repetition_penalty=p.repetition_penalty or 1.0, seed=_seed_for(sampling, p.seed),
@@ -129,7 +130,7 @@ def openai_sampling_params(r: CompletionRequest, engine: Engine, limits: Limits)
     """OpenAI's rule: temperature defaults to 1 (sampling); temperature 0 is greedy."""
     temperature = 1.0 if r.temperature is None else r.temperature
     limits.check_new_tokens(r.max_tokens or 16, "max_tokens")
-    return _params(engine.config.vocab_size, max_new_tokens=r.max_tokens or 16, temperature=temperature,
+    return _params(engine.model_config.vocab_size, max_new_tokens=r.max_tokens or 16, temperature=temperature,
                    top_k=r.top_k or 0, top_p=r.top_p or 1.0, repetition_penalty=r.repetition_penalty or 1.0,
                    seed=_seed_for(temperature > 0, r.seed), stop=tuple(r.stop_list), ignore_eos=r.ignore_eos)
 
@@ -140,11 +141,12 @@ class Generation:
     `timeout` seconds have passed (then its last event is an error of type 'timeout')."""
 
     def __init__(self, engine: Engine, metrics: Metrics, prompt_ids: list[int], params: SamplingParams,
-                 use_cache: bool, *, timeout: float | None = None, max_tokens_field: str = "max_new_tokens") -> None:
+                 use_cache: bool, *, timeout: float | None = None, max_tokens_field: str = "max_new_tokens",
+                 cache_salt: str | None = None) -> None:
         self.metrics, self.prompt_ids, self.params, self.use_cache = metrics, prompt_ids, params, use_cache
         self.timeout, self.expired = timeout, False
         try:
-            self.stream = engine.stream(prompt_ids, params, use_cache=use_cache)
+            self.stream = engine.stream(prompt_ids, params, use_cache=use_cache, cache_salt=cache_salt)
         except PromptError as e:
             raise APIError(422, str(e).replace("max_new_tokens", max_tokens_field), "validation",
                            reason="context_length") from e
@@ -237,7 +239,7 @@ def _token(out: TokenOutput) -> Token:
 
 def _timing(final: TokenOutput) -> dict:
     s = final.stats
-    return dict(use_cache=s.use_cache, queue_time_s=s.queue_time_s, time_to_first_token_s=s.time_to_first_token_s,
+    return dict(use_cache=s.use_cache, cached_tokens=s.cached_tokens, queue_time_s=s.queue_time_s, time_to_first_token_s=s.time_to_first_token_s,
                 e2e_latency_s=s.e2e_latency_s, tokens_per_s=s.tokens_per_s)
 
 
@@ -260,7 +262,7 @@ async def tgi_generate(request: Request, body: GenerateRequest, engine: Engine, 
     prompt_ids = await _tgi_prompt(engine, body)
     limits.check_prompt(len(prompt_ids))
     gen = Generation(engine, metrics, prompt_ids, tgi_sampling_params(p, len(prompt_ids), engine, limits),
-                     p.use_cache, timeout=limits.deadline(p.timeout))
+                     p.use_cache, timeout=limits.deadline(p.timeout), cache_salt=p.cache_salt)
     prefix = body.inputs if p.return_full_text else ""
     attention = (lambda ids: attention_of_generation(engine, prompt_ids, ids)) if p.return_attention else None
     if stream:
@@ -273,8 +275,12 @@ async def tgi_generate(request: Request, body: GenerateRequest, engine: Engine, 
                       seed=final.stats.seed, input_length=len(prompt_ids), tokens=[_token(o) for o in outs],
                       attention=await attention([o.token_id for o in outs]) if attention else None,
                       **_timing(final)) if with_details else None
-    answer = GenerateResponse(generated_text=text, details=details).model_dump(exclude_none=not with_details)
-    return JSONResponse([answer] if as_list else answer)
+    answer = GenerateResponse(generated_text=text, details=details)
+    if attention is None:
+        body_json = answer.model_dump(exclude_none=not with_details)
+        return JSONResponse([body_json] if as_list else body_json)
+    encoded = await asyncio.to_thread(answer.model_dump_json)  # a large payload: encoded off the event loop
+    return Response(f"[{encoded}]" if as_list else encoded, media_type="application/json")
 
 
 async def _tgi_events(events: AsyncIterator[TokenOutput], prefix: str, input_length: int,
@@ -296,10 +302,19 @@ async def _tgi_events(events: AsyncIterator[TokenOutput], prefix: str, input_len
                                           seed=out.stats.seed, input_length=input_length,
                                           attention=await attention(output_ids) if attention else None,
                                           **_timing(out))
+            if attention is not None:  # a large payload: encoded off the event loop
+                yield await asyncio.to_thread(sse, event)
+                continue
         yield sse(event)
 
 
 # ---- OpenAI completions -------------------------------------------------------------------------
+
+
+def _usage(prompt_tokens: int, completion_tokens: int, stats) -> Usage:
+    cached = PromptTokensDetails(cached_tokens=stats.cached_tokens) if stats is not None else None
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                 total_tokens=prompt_tokens + completion_tokens, prompt_tokens_details=cached)
 
 
 def _logprobs(outs: list[TokenOutput], offset: int) -> CompletionLogprobs:
@@ -319,7 +334,7 @@ async def openai_completion(request: Request, body: CompletionRequest, engine: E
     prompt_ids = await encode(engine, body.prompt_text)
     limits.check_prompt(len(prompt_ids))
     gen = Generation(engine, metrics, prompt_ids, openai_sampling_params(body, engine, limits), body.use_cache,
-                     timeout=limits.deadline(body.timeout), max_tokens_field="max_tokens")
+                     timeout=limits.deadline(body.timeout), max_tokens_field="max_tokens", cache_salt=body.cache_salt)
     head = CompletionResponse(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=model_name, choices=[])
     echo = body.prompt_text if body.echo else ""
     if body.stream:
@@ -328,7 +343,7 @@ async def openai_completion(request: Request, body: CompletionRequest, engine: E
     final = outs[-1]
     choice = CompletionChoice(text=echo + "".join(o.text for o in outs), finish_reason=OPENAI_FINISH[final.finish_reason],
                               logprobs=_logprobs(outs, len(echo)) if body.logprobs is not None else None)
-    usage = Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(outs), total_tokens=len(prompt_ids) + len(outs))
+    usage = _usage(len(prompt_ids), len(outs), final.stats)
     return JSONResponse(head.model_copy(update={"choices": [choice], "usage": usage}).model_dump(mode="json"))
 
 
@@ -339,7 +354,7 @@ async def _openai_events(events: AsyncIterator[TokenOutput], head: CompletionRes
 
     if echo:
         yield chunk(CompletionChoice(text=echo))
-    offset, generated = len(echo), 0
+    offset, generated, final_stats = len(echo), 0, None
     async for out in events:
         if out.token_id is None:
             if out.finish_reason == FINISH_ERROR:
@@ -347,12 +362,13 @@ async def _openai_events(events: AsyncIterator[TokenOutput], head: CompletionRes
                 yield "data: [DONE]\n\n"
             return
         generated += 1
+        final_stats = out.stats or final_stats
         if out.text or out.finished:
             logprobs = _logprobs([out], offset) if body.logprobs is not None else None
             yield chunk(CompletionChoice(text=out.text, logprobs=logprobs,
                                          finish_reason=OPENAI_FINISH.get(out.finish_reason)))
             offset += len(out.text)
     if (body.stream_options or {}).get("include_usage"):
-        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=generated, total_tokens=prompt_tokens + generated)
+        usage = _usage(prompt_tokens, generated, final_stats)
         yield sse(head.model_copy(update={"choices": [], "usage": usage}).model_dump_json())
     yield "data: [DONE]\n\n"

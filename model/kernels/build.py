@@ -1,0 +1,111 @@
+"""Compiles the C++ kernels in `csrc/` on first use and loads them with ctypes.
+
+The library is plain C++ with no torch or Python headers, so it builds in seconds with the system's
+`g++` and works with any torch version. It is cached under `$KVSERVE_KERNEL_CACHE` (default
+`~/.cache/kvserve`), keyed by a hash of the sources, the flags, the compiler and the CPU, and built
+into a temporary file then renamed, so processes that build at once do not clash.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger("kvserve.kernels")
+
+SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
+ABI_VERSION = 1
+# No fast-math, and no FMA contraction the sources do not spell out: every fused multiply-add in the
+# kernels is an explicit intrinsic, on every code path, tails included.
+FLAGS = ["-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-pthread"]
+
+P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+SIGNATURES = {
+    "kv_abi_version": ([], I32),
+    "kv_set_num_threads": ([I32], None),
+    "kv_num_threads": ([], I32),
+    "kv_set_spin_us": ([I64], None),
+    "kv_linear": ([I32, P, I64, I64, P, P, P, I64, I32, P, P, P, F32], I32),
+    "kv_embed": ([I32, P, P, I64, P, P, I64, P], I32),
+    "kv_forward": ([P, P, I64, P, P, I64, P, I64, P, P, P, I64, P, P], I32),
+    "kv_paged_attention": ([I32, P, I64, I64, I64, P, I64, P, I64, P, P, P, I64, P, F32, P], I32),
+}
+
+
+class KernelBuildError(RuntimeError):
+    """The kernels could not be compiled or loaded here."""
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("KVSERVE_KERNEL_CACHE") or Path.home() / ".cache" / "kvserve")
+
+
+def _cpu_id() -> str:
+    """What -march=native compiles for: the CPU's model and flags."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
+    return "\n".join(dict.fromkeys(lines))
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        raise KernelBuildError("no C++ compiler found (install g++, or set CXX)")
+    return cxx
+
+
+def library_path() -> Path:
+    cxx = _compiler()
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise KernelBuildError(f"{cxx} --version failed: {e}") from e
+    digest = hashlib.sha256()
+    for part in [version, _cpu_id(), " ".join(FLAGS), str(ABI_VERSION)]:
+        digest.update(part.encode())
+    for source in sorted(SOURCE_DIR.iterdir()):
+        digest.update(source.name.encode() + source.read_bytes())
+    return _cache_dir() / f"libkvkernels-{digest.hexdigest()[:16]}.so"
+
+
+def build(path: Path) -> None:
+    cxx = _compiler()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sources = sorted(str(p) for p in SOURCE_DIR.glob("*.cpp"))
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        target = Path(tmp) / path.name
+        cmd = [cxx, *FLAGS, *sources, "-o", str(target)]
+        log.info("compiling the exact kernels: %s", " ".join(cmd))
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise KernelBuildError(f"compiling the kernels failed: {e}") from e
+        if done.returncode != 0:
+            raise KernelBuildError(f"compiling the kernels failed:\n{done.stderr.strip()[-2000:]}")
+        os.replace(target, path)
+
+
+def load() -> ctypes.CDLL:
+    """The kernels library, compiled first if this machine has no build of these sources yet."""
+    path = library_path()
+    if not path.exists():
+        build(path)
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise KernelBuildError(f"loading {path} failed: {e}") from e
+    for name, (args, result) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, result
+    if lib.kv_abi_version() != ABI_VERSION:
+        raise KernelBuildError(f"{path} has ABI {lib.kv_abi_version()}, expected {ABI_VERSION}")
+    return lib

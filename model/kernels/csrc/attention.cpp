@@ -1,0 +1,181 @@
+// Causal attention of a flattened step over a paged KV cache.
+//
+// The step holds the new tokens of several sequences back to back (their query_start offsets).
+// Each token's keys and values are first written to its cache slot (slot_mapping); then each
+// (token, head) attends over keys 0..position of its own sequence, read in place from the blocks
+// its block table lists. A prefill row at position t and a decode step at position t therefore run
+// the same code over the same keys.
+//
+// Cache layout per layer: (num_blocks, 2, heads, block_size * head_dim), keys then values. Keys are
+// stored transposed within a block, [head_dim][block_size], so 8 keys' scores come from one FMA per
+// dimension with no horizontal sum; values are [block_size][head_dim].
+//
+// Reduction order for one (token, head) with n = position + 1 keys:
+//   score[j] = (sum over even d + sum over odd d of q[d] k_j[d], each sequential by FMA) * scale
+//   m        = max over j (exact in any order)
+//   p[j]     = exp(score[j] - m)                          (kv::exp8)
+//   sum      = lane l adds p[j] for j = l, l + 8, ... in order, then hsum8's fixed tree
+//   out[d]   = (sum over even j + sum over odd j of p[j] v_j[d], each sequential by FMA) / sum
+// Every one depends on n alone.
+#include <algorithm>
+#include <vector>
+
+#include "thread_pool.h"
+#include "vec.h"
+
+namespace kv {
+namespace {
+
+struct Step {
+  int64_t tokens, heads, head_dim, block_size;
+  const int64_t* slot_mapping;  // (tokens,) cache slot = block * block_size + offset, or -1: not written
+  int64_t seqs;
+  const int32_t* query_start;   // (seqs + 1,) first token of each sequence in the step
+  const int32_t* seq_lens;      // (seqs,) keys of each sequence after this step (its last position + 1)
+  const int32_t* block_tables;  // (rows, max_blocks) block ids
+  int64_t block_table_stride;
+  const int32_t* seq_rows;      // (seqs,) each sequence's row in block_tables
+  float scale;
+};
+
+template <typename T>
+void write_cache(const T* qkv, T* cache, const Step& s) {
+  const int64_t C = s.heads * s.head_dim, bs = s.block_size, hd = s.head_dim;
+  const int64_t block_elems = 2 * C * bs;
+  constexpr int64_t kTokensPerTask = 16;
+  ThreadPool::instance().run((s.tokens + kTokensPerTask - 1) / kTokensPerTask, [&](int64_t task) {
+    for (int64_t i = task * kTokensPerTask; i < std::min(s.tokens, (task + 1) * kTokensPerTask); ++i) {
+      const int64_t slot = s.slot_mapping[i];
+      if (slot < 0) continue;
+      const int64_t block = slot / bs, offset = slot % bs;
+      const T* k = qkv + i * 3 * C + C;
+      const T* v = k + C;
+      T* keys = cache + block * block_elems;
+      T* values = keys + C * bs;
+      for (int64_t h = 0; h < s.heads; ++h)
+        for (int64_t d = 0; d < hd; ++d) {
+          keys[(h * hd + d) * bs + offset] = k[h * hd + d];
+          values[(h * bs + offset) * hd + d] = v[h * hd + d];
+        }
+    }
+  });
+}
+
+// One (token, head): NV = head_dim / 8 vectors per key, so the sums stay in registers.
+template <int NV, typename T>
+void attend_one(const T* q_in, const T* cache, const int32_t* blocks, int64_t n, int64_t head, const Step& s,
+                std::vector<float>& scores, T* out) {
+  constexpr int64_t hd = 8 * NV;
+  const int64_t bs = s.block_size, C = s.heads * hd;
+  const int64_t block_elems = 2 * C * bs;
+  alignas(32) float q[hd];
+  for (int64_t d = 0; d < hd; ++d) q[d] = to_f32(q_in[d]);
+  const int64_t padded = (n + bs - 1) / bs * bs;
+  if (int64_t(scores.size()) < padded) scores.resize(size_t(padded));
+  float* sc = scores.data();
+  const __m256 scale = _mm256_set1_ps(s.scale);
+  for (int64_t j0 = 0, b = 0; j0 < n; j0 += bs, ++b) {
+    const T* keys = cache + int64_t(blocks[b]) * block_elems + head * hd * bs;  // [hd][bs]
+    for (int64_t c = 0; c < bs; c += 8) {
+      __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+#pragma GCC unroll 16
+      for (int64_t d = 0; d < hd; d += 2) {
+        even = _mm256_fmadd_ps(_mm256_set1_ps(q[d]), load8(keys + d * bs + c), even);
+        odd = _mm256_fmadd_ps(_mm256_set1_ps(q[d + 1]), load8(keys + (d + 1) * bs + c), odd);
+      }
+      _mm256_storeu_ps(sc + j0 + c, _mm256_mul_ps(_mm256_add_ps(even, odd), scale));
+    }
+  }
+  // keys past n (the rest of the last block) count for nothing: -inf scores, never a value read
+  for (int64_t j = n; j < padded; ++j) sc[j] = -INFINITY;
+  __m256 mv = _mm256_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < padded; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(sc + j));
+  const __m256 m = _mm256_set1_ps(hmax8(mv));
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t j = 0; j < padded; j += 8) {
+    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), m));
+    _mm256_storeu_ps(sc + j, p);
+    sum = _mm256_add_ps(sum, p);
+  }
+  const __m256 total = _mm256_set1_ps(hsum8(sum));
+  __m256 even[NV], odd[NV];  // keys at even and odd positions (block_size is even, so offsets share the parity)
+#pragma GCC unroll 16
+  for (int c = 0; c < NV; ++c) even[c] = odd[c] = _mm256_setzero_ps();
+  for (int64_t j0 = 0, b = 0; j0 < n; j0 += bs, ++b) {
+    const T* values = cache + int64_t(blocks[b]) * block_elems + C * bs + head * bs * hd;  // [bs][hd]
+    const int64_t len = std::min(bs, n - j0);
+    int64_t o = 0;
+    for (; o + 1 < len; o += 2) {
+      const __m256 pe = _mm256_set1_ps(sc[j0 + o]), po = _mm256_set1_ps(sc[j0 + o + 1]);
+#pragma GCC unroll 16
+      for (int c = 0; c < NV; ++c) {
+        even[c] = _mm256_fmadd_ps(pe, load8(values + o * hd + 8 * c), even[c]);
+        odd[c] = _mm256_fmadd_ps(po, load8(values + (o + 1) * hd + 8 * c), odd[c]);
+      }
+    }
+    if (o < len) {
+      const __m256 pe = _mm256_set1_ps(sc[j0 + o]);
+#pragma GCC unroll 16
+      for (int c = 0; c < NV; ++c) even[c] = _mm256_fmadd_ps(pe, load8(values + o * hd + 8 * c), even[c]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int c = 0; c < NV; ++c) store8(out + 8 * c, _mm256_div_ps(_mm256_add_ps(even[c], odd[c]), total));
+}
+
+template <typename T>
+using AttendFn = void (*)(const T*, const T*, const int32_t*, int64_t, int64_t, const Step&, std::vector<float>&, T*);
+
+template <typename T> AttendFn<T> attend_for(int64_t head_dim) {
+  switch (head_dim) {
+    case 8: return attend_one<1, T>;
+    case 16: return attend_one<2, T>;
+    case 32: return attend_one<4, T>;
+    case 64: return attend_one<8, T>;
+    case 128: return attend_one<16, T>;
+    default: return nullptr;
+  }
+}
+
+template <typename T>
+void paged_attention(const T* qkv, T* cache, const Step& s, T* out) {
+  write_cache(qkv, cache, s);
+  const int64_t C = s.heads * s.head_dim;
+  std::vector<int32_t> seq_of(size_t(s.tokens));
+  for (int64_t q = 0; q < s.seqs; ++q)
+    for (int32_t i = s.query_start[q]; i < s.query_start[q + 1]; ++i) seq_of[size_t(i)] = int32_t(q);
+  const AttendFn<T> attend = attend_for<T>(s.head_dim);
+  ThreadPool::instance().run(s.tokens * s.heads, [&](int64_t task) {
+    thread_local std::vector<float> scores;
+    const int64_t i = task / s.heads, head = task % s.heads;
+    const int64_t q = seq_of[size_t(i)];
+    const int64_t position = s.seq_lens[q] - (s.query_start[q + 1] - i);
+    const int32_t* blocks = s.block_tables + int64_t(s.seq_rows[q]) * s.block_table_stride;
+    attend(qkv + i * 3 * C + head * s.head_dim, cache, blocks, position + 1, head, s, scores,
+           out + i * C + head * s.head_dim);
+  });
+}
+
+}  // namespace
+}  // namespace kv
+
+extern "C" {
+
+// dtype 0: float32 qkv, cache and output; 1: bfloat16 (float32 arithmetic). Needs head_dim in
+// {8, 16, 32, 64, 128} and block_size % 8 == 0 (checked by the caller). Returns 0, or -1 if not.
+int kv_paged_attention(int dtype, const void* qkv, int64_t tokens, int64_t heads, int64_t head_dim, void* cache,
+                        int64_t block_size, const int64_t* slot_mapping, int64_t seqs, const int32_t* query_start,
+                        const int32_t* seq_lens, const int32_t* block_tables, int64_t block_table_stride,
+                        const int32_t* seq_rows, float scale, void* out) {
+  const kv::Step s{tokens, heads, head_dim, block_size, slot_mapping, seqs, query_start, seq_lens, block_tables,
+                   block_table_stride, seq_rows, scale};
+  if (kv::attend_for<float>(head_dim) == nullptr || block_size % 8 != 0 || (dtype != 0 && dtype != 1)) return -1;
+  if (dtype == 0)
+    kv::paged_attention(static_cast<const float*>(qkv), static_cast<float*>(cache), s, static_cast<float*>(out));
+  else
+    kv::paged_attention(static_cast<const kv::bf16*>(qkv), static_cast<kv::bf16*>(cache), s,
+                        static_cast<kv::bf16*>(out));
+  return 0;
+}
+
+}

@@ -1,0 +1,181 @@
+// y = epilogue(x @ W + b): the linear layers and the tied head.
+//
+// Reduction order, the property every test leans on: each output element y[r][o] is
+//     acc = 0;  for k = 0 .. K-1:  acc = fma(x[r][k], W[k][o], acc);  y = epilogue(acc + b[o])
+// sequential over k, one FMA per k, whatever the number of rows, the row's place in the batch,
+// the tile it falls in or the thread that computes it. Tiles differ only in how many rows and
+// columns share each load, never in the arithmetic of one element.
+//
+// W is packed once at load (model/kernels/__init__.py, pack_weight): column groups of 64, each
+// stored k-major, (groups, K, 64), zero-padded past O, so a group streams from memory in one pass.
+// Threads split the groups (and, for many rows, blocks of rows); never the reduction.
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "layer_norm.h"
+#include "thread_pool.h"
+#include "vec.h"
+
+namespace kv {
+namespace {
+
+constexpr int64_t kGroup = 64;     // columns per packed group
+constexpr int64_t kRowTile = 6;    // rows sharing each weight load, at most
+constexpr int64_t kRowBlock = 96;  // rows per task when there are many (a multiple of kRowTile)
+
+enum Epilogue { kNone = 0, kGelu = 1, kResidual = 2 };
+
+// acc[r][c] = sum over k of x[r][k] * w[k][8c .. 8c+7], R rows and NV vectors of 8 columns. The sums
+// live in a local array that nothing else can see until the loop ends, so they stay in registers
+// (__m256 may alias float, so sums written through a pointer would go back to memory every k).
+template <int R, int NV, typename W>
+inline void tile(const float* x, int64_t K, const W* w, __m256 (&out)[R][NV]) {
+  __m256 acc[R][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const W* wk = w + k * kGroup;
+    __m256 wv[NV];
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; ++c) wv[c] = load8(wk + 8 * c);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 xb = _mm256_broadcast_ss(x + r * K + k);
+#pragma GCC unroll 8
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm256_fmadd_ps(xb, wv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; ++c) out[r][c] = acc[r][c];
+}
+
+template <typename T> struct Output {
+  T* y;                // (rows, O)
+  const T* residual;   // (rows, O) or null
+  const float* bias;   // (O padded to the group), float32
+  int64_t O;
+  int epilogue;
+};
+
+// Adds the bias, applies the epilogue and stores R rows x (8 * NV) columns from column `col`.
+template <int R, int NV, typename T>
+inline void finish(const Output<T>& out, int64_t row, int64_t col, __m256 acc[R][NV]) {
+  for (int c = 0; c < NV; ++c) {
+    const int64_t o = col + 8 * c;
+    if (o >= out.O) return;
+    const int n = int(std::min<int64_t>(8, out.O - o));
+    const __m256 b = load8(out.bias + o);
+    for (int r = 0; r < R; ++r) {
+      __m256 v = _mm256_add_ps(acc[r][c], b);
+      if (out.epilogue == kGelu) v = gelu8(v);
+      const int64_t at = (row + r) * out.O + o;
+      if (out.epilogue == kResidual)
+        v = _mm256_add_ps(n == 8 ? load8(out.residual + at) : load_partial(out.residual + at, n), v);
+      if (n == 8) store8(out.y + at, v);
+      else store_partial(out.y + at, v, n);
+    }
+  }
+}
+
+// Rows [row, row + R) against one packed group: one 64-wide tile for a single row (8 accumulators
+// keep the FMA pipes busy), two 32-wide tiles for two rows, four 16-wide tiles for three to six.
+template <int R, typename W, typename T>
+inline void rows_by_group(const float* x, int64_t K, const W* wg, const Output<T>& out, int64_t row, int64_t col) {
+  constexpr int NV = R == 1 ? 8 : R == 2 ? 4 : 2;
+  for (int64_t part = 0; part < kGroup / (8 * NV); ++part) {
+    __m256 acc[R][NV];
+    tile<R, NV>(x + row * K, K, wg + part * 8 * NV, acc);
+    finish<R, NV>(out, row, col + part * 8 * NV, acc);
+  }
+}
+
+template <typename W, typename T>
+void run_rows(const float* x, int64_t K, const W* wg, const Output<T>& out, int64_t row, int64_t rows, int64_t col) {
+  for (int64_t r = row; r < row + rows; r += kRowTile) {
+    switch (std::min<int64_t>(kRowTile, row + rows - r)) {
+      case 1: rows_by_group<1>(x, K, wg, out, r, col); break;
+      case 2: rows_by_group<2>(x, K, wg, out, r, col); break;
+      case 3: rows_by_group<3>(x, K, wg, out, r, col); break;
+      case 4: rows_by_group<4>(x, K, wg, out, r, col); break;
+      case 5: rows_by_group<5>(x, K, wg, out, r, col); break;
+      default: rows_by_group<6>(x, K, wg, out, r, col); break;
+    }
+  }
+}
+
+struct Norm {
+  const float* weight;  // (K,) float32, or null: no layer norm before the product
+  const float* bias;    // (K,) float32
+  float eps;
+};
+
+template <typename X, typename W, typename T>
+void linear(const X* x_in, int64_t rows, int64_t K, const W* w, const float* bias, T* y, int64_t O, int epilogue,
+            const T* residual, const Norm& norm) {
+  // The tiles read float32 rows: bfloat16 ones are widened once (exactly), and rows to normalize are
+  // normalized once, into a scratch buffer of the calling thread.
+  thread_local std::vector<float> scratch;
+  const float* x;
+  if (norm.weight != nullptr || !std::is_same_v<X, float>) {
+    if (scratch.size() < size_t(rows * K)) scratch.resize(size_t(rows * K));
+    float* s = scratch.data();
+    if (norm.weight != nullptr) {
+      ThreadPool::instance().run(rows, [&](int64_t r) {
+        layer_norm_row(x_in + r * K, K, norm.weight, norm.bias, norm.eps, s + r * K);
+      });
+    } else {
+      for (int64_t i = 0; i < rows * K; ++i) s[i] = to_f32(x_in[i]);
+    }
+    x = s;
+  } else {
+    x = reinterpret_cast<const float*>(x_in);
+  }
+  const Output<T> out{y, residual, bias, O, epilogue};
+  const int64_t groups = (O + kGroup - 1) / kGroup;
+  const int64_t row_blocks = rows > 2 * kRowBlock ? (rows + kRowBlock - 1) / kRowBlock : 1;
+  const int64_t block = row_blocks == 1 ? rows : kRowBlock;
+  ThreadPool::instance().run(groups * row_blocks, [&](int64_t task) {
+    const int64_t g = task % groups, rb = task / groups;
+    const int64_t row = rb * block, n = std::min(block, rows - row);
+    run_rows(x, K, w + g * K * kGroup, out, row, n, g * kGroup);
+  });
+}
+
+}  // namespace
+}  // namespace kv
+
+extern "C" {
+
+// dtype 0: float32 activations, weights and outputs; 1: bfloat16 ones (float32 sums); 2: bfloat16
+// activations and weights with float32 outputs (the head of a bfloat16 model: float32 logits).
+// ln_weight, ln_bias: (K,) float32, a layer norm applied to each input row first, or null.
+// residual may be y itself (an in-place x += ...). Returns 0, or -1 for an unknown dtype.
+int kv_linear(int dtype, const void* x, int64_t rows, int64_t K, const void* w, const float* bias, void* y,
+              int64_t O, int epilogue, const void* residual, const float* ln_weight, const float* ln_bias,
+              float ln_eps) {
+  using kv::bf16;
+  const kv::Norm norm{ln_weight, ln_bias, ln_eps};
+  switch (dtype) {
+    case 0:
+      kv::linear(static_cast<const float*>(x), rows, K, static_cast<const float*>(w), bias, static_cast<float*>(y),
+                 O, epilogue, static_cast<const float*>(residual), norm);
+      return 0;
+    case 1:
+      kv::linear(static_cast<const bf16*>(x), rows, K, static_cast<const bf16*>(w), bias, static_cast<bf16*>(y), O,
+                 epilogue, static_cast<const bf16*>(residual), norm);
+      return 0;
+    case 2:
+      kv::linear(static_cast<const bf16*>(x), rows, K, static_cast<const bf16*>(w), bias, static_cast<float*>(y),
+                 O, epilogue, static_cast<const float*>(residual), norm);
+      return 0;
+    default:
+      return -1;
+  }
+}
+
+}

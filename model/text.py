@@ -1,0 +1,68 @@
+"""A generated sequence's text, token by token: streaming detokenization (never a torn character),
+stop strings (found across tokens, never leaked), EOS and max_new_tokens. The plain `generate()`
+and the serving engine's output processor both keep one `OutputText` per sequence."""
+from __future__ import annotations
+
+from model.sampling import SamplingParams
+from model.tokenizer import Tokenizer
+
+
+class StopMatcher:
+    """Finds stop strings in streamed text, even when they span tokens, and never lets one leak:
+    text that could still be the start of a stop string is held back until it is decided."""
+
+    def __init__(self, stop: tuple[str, ...]) -> None:
+        self.stop = tuple(stop)
+        self._held = ""
+        self.matched: str | None = None
+
+    def push(self, text: str) -> str:
+        """Text now safe to emit. After a match, `matched` is set and the rest is dropped."""
+        if self.matched is not None:
+            return ""
+        if not self.stop:
+            return text
+        self._held += text
+        hits = [(self._held.find(s), s) for s in self.stop if s in self._held]
+        if hits:
+            at, s = min(hits)
+            self.matched = s
+            out, self._held = self._held[:at], ""
+            return out
+        keep = max((self._longest_prefix_suffix(s) for s in self.stop), default=0)
+        cut = len(self._held) - keep
+        out, self._held = self._held[:cut], self._held[cut:]
+        return out
+
+    def flush(self) -> str:
+        out, self._held = ("" if self.matched else self._held), ""
+        return out
+
+    def _longest_prefix_suffix(self, stop: str) -> int:
+        for n in range(min(len(stop) - 1, len(self._held)), 0, -1):
+            if self._held.endswith(stop[:n]):
+                return n
+        return 0
+
+
+class OutputText:
+    """One sequence's text and finish reason ('eos', 'stop' or 'length' once it is done)."""
+
+    def __init__(self, tokenizer: Tokenizer, params: SamplingParams) -> None:
+        self.params, self.eos_token_id = params, tokenizer.eos_token_id
+        self._decoder, self._stops = tokenizer.stream(skip_special=True), StopMatcher(params.stop)
+        self.num_tokens = 0
+        self.finish_reason: str | None = None
+
+    def push(self, token_id: int) -> str:
+        """The text this token completes ('' mid-character or while a stop string may be starting)."""
+        self.num_tokens += 1
+        eos = token_id == self.eos_token_id and not self.params.ignore_eos
+        text = "" if eos else self._stops.push(self._decoder.push(token_id))
+        last = eos or self._stops.matched is not None or self.num_tokens >= self.params.max_new_tokens
+        if last and self._stops.matched is None:  # release what was held back: a torn character, a stop prefix
+            text += self._stops.push(self._decoder.flush())
+            text += self._stops.flush()
+        if last:
+            self.finish_reason = "stop" if self._stops.matched is not None else "eos" if eos else "length"
+        return text

@@ -1,0 +1,110 @@
+"""Prometheus metrics named after vLLM's (`vllm:` -> `kvserve:`), in a registry of the app's own so
+several apps in one process never clash. Label children are bound once, here, not per token."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+
+from server.engine import FINISH_EOS, FINISH_STOP, RequestStats, TokenOutput
+
+PREFIX = "kvserve:"
+# vLLM's buckets, with sub-millisecond ones added: a small model on a GPU is that fast.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                   2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+FINISHED_REASONS = ("stop", "length", "abort", "error")
+
+
+def finished_reason_label(reason: str) -> str:
+    """vLLM's labels: stop (EOS or a stop string), length, abort; plus error."""
+    return "stop" if reason in (FINISH_EOS, FINISH_STOP) else reason
+
+
+class EngineCounters:
+    """Counters the engine keeps itself (prefix cache, preemptions), read at scrape time."""
+
+    def __init__(self, model_name: str, read: Callable[[], dict[str, float]]) -> None:
+        self.model_name, self.read = model_name, read
+
+    def collect(self):
+        values = self.read()
+        for name, doc in (("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
+                          ("prefix_cache_hits", "Prompt tokens served from the prefix cache."),
+                          ("num_preemptions", "Requests preempted (blocks freed, recomputed later).")):
+            family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            family.add_metric([self.model_name], values.get(name, 0))
+            yield family
+
+
+class Metrics:
+    CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        r, m, mc = self.registry, ["model_name"], ["model_name", "use_cache"]
+
+        def by_cache(metric: Histogram) -> dict[bool, Histogram]:
+            return {flag: metric.labels(model_name, str(flag).lower()) for flag in (True, False)}
+
+        self.running = Gauge(PREFIX + "num_requests_running", "Requests holding KV-cache blocks.", m, registry=r)
+        self.waiting = Gauge(PREFIX + "num_requests_waiting", "Requests queued.", m, registry=r)
+        self.kv_usage = Gauge(PREFIX + "kv_cache_usage_perc", "Fraction of KV-cache blocks held by requests (0-1).",
+                              m, registry=r)
+        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens of finished requests.", m,
+                                     registry=r).labels(model_name)
+        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens.", m,
+                                         registry=r).labels(model_name)
+        success = Counter(PREFIX + "request_success", "Finished requests by reason.", m + ["finished_reason"],
+                          registry=r)
+        self.success = {reason: success.labels(model_name, reason) for reason in FINISHED_REASONS}
+        self.rejected = Counter(PREFIX + "request_rejected", "Requests refused or cut short by a limit, by reason.",
+                                m + ["reason"], registry=r)
+        self.ttft = by_cache(Histogram(PREFIX + "time_to_first_token_seconds", "Arrival to first token.", mc,
+                                       buckets=LATENCY_BUCKETS, registry=r))
+        self.itl = by_cache(Histogram(PREFIX + "inter_token_latency_seconds", "Time between two tokens of a request.",
+                                      mc, buckets=LATENCY_BUCKETS, registry=r))
+        self.e2e = by_cache(Histogram(PREFIX + "e2e_request_latency_seconds", "Arrival to last token.", mc,
+                                      buckets=LATENCY_BUCKETS, registry=r))
+        self.queue_time = by_cache(Histogram(PREFIX + "request_queue_time_seconds", "Arrival to first scheduled.", mc,
+                                             buckets=LATENCY_BUCKETS, registry=r))
+        self.request_prompt_tokens = Histogram(PREFIX + "request_prompt_tokens", "Prompt length of requests.", m,
+                                               buckets=TOKEN_BUCKETS, registry=r).labels(model_name)
+        self.request_generation_tokens = Histogram(PREFIX + "request_generation_tokens",
+                                                   "Generated tokens of requests.", m, buckets=TOKEN_BUCKETS,
+                                                   registry=r).labels(model_name)
+
+    def bind(self, running: Callable[[], float], waiting: Callable[[], float], kv_usage: Callable[[], float],
+             counters: Callable[[], dict[str, float]]) -> None:
+        """The gauges and the engine's own counters read the engine's state when scraped."""
+        self.running.labels(self.model_name).set_function(running)
+        self.waiting.labels(self.model_name).set_function(waiting)
+        self.kv_usage.labels(self.model_name).set_function(kv_usage)
+        self.registry.register(EngineCounters(self.model_name, counters))
+
+    def on_rejected(self, reason: str) -> None:
+        """reason: queue_full, shutting_down, unauthorized, body_too_large, validation, prompt_too_long,
+        max_new_tokens, stop_sequences, timeout (rare: labelled on the fly)."""
+        self.rejected.labels(self.model_name, reason).inc()
+
+    def on_token(self, out: TokenOutput, previous: TokenOutput | None, use_cache: bool) -> None:
+        self.generation_tokens.inc()
+        if previous is not None and previous.token_id is not None:
+            self.itl[use_cache].observe(out.time - previous.time)
+
+    def on_finish(self, reason: str, prompt_tokens: int, stats: RequestStats | None, use_cache: bool) -> None:
+        self.success[finished_reason_label(reason)].inc()
+        self.prompt_tokens.inc(prompt_tokens)
+        self.request_prompt_tokens.observe(prompt_tokens)
+        if stats is None:
+            return
+        self.request_generation_tokens.observe(stats.generated_tokens)
+        for histogram, value in ((self.ttft, stats.time_to_first_token_s), (self.e2e, stats.e2e_latency_s),
+                                 (self.queue_time, stats.queue_time_s)):
+            if value is not None:
+                histogram[use_cache].observe(value)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,150 @@
+"""KV-cache blocks: who holds which, and the prefix cache. Knows nothing of tensors.
+
+- Every block has a reference count: the requests whose block tables list it.
+- Blocks no request holds wait in the free queue, least recently released first. Allocation takes
+  from its front, so a block that still caches a prefix is evicted only when nothing older is left.
+- A full block of a request that uses the cache is keyed by a hash chain, hash(parent's key, its
+  token ids), the first block's parent being the request's cache salt. A new request looks its
+  blocks up in order and reuses the longest run of hits, verified token by token.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from server.engine.request import Request
+
+NO_SALT = hash(("kvserve", None))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError(f"need blocks and a block size, got {num_blocks} x {block_size}")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))  # LRU first
+        self.block_hash: list[int | None] = [None] * num_blocks  # key of a cached full block, else None
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # its tokens, to verify hits
+        self.cached: dict[int, int] = {}  # key -> block
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no request holds (some of them still caching a prefix until they are reused)."""
+        return len(self.free)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by requests (0..1)."""
+        return 1.0 - len(self.free) / self.num_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ---- prefix cache -----------------------------------------------------------------------------
+
+    def block_hashes(self, req: Request, count: int) -> list[int]:
+        """The keys of the request's first `count` full blocks, extending its hash chain as needed."""
+        bs, tokens = self.block_size, req.token_ids
+        while len(req.block_hashes) < count:
+            i = len(req.block_hashes)
+            parent = req.block_hashes[-1] if i else (hash(("kvserve", req.cache_salt)) if req.cache_salt else NO_SALT)
+            req.block_hashes.append(hash((parent, tuple(tokens[i * bs:(i + 1) * bs]))))
+        return req.block_hashes[:count]
+
+    def cached_prefix(self, req: Request) -> list[int]:
+        """Blocks holding the longest cached prefix of the request's tokens. They never cover its last
+        token, which is always computed (its logits are the next token's)."""
+        if not self.enable_prefix_caching or not req.use_cache:
+            return []
+        bs, hits = self.block_size, []
+        for i, key in enumerate(self.block_hashes(req, (req.num_tokens - 1) // bs)):
+            block = self.cached.get(key)
+            if block is None or self.block_tokens[block] != tuple(req.token_ids[i * bs:(i + 1) * bs]):
+                break
+            hits.append(block)
+        return hits
+
+    def register_full_blocks(self, req: Request) -> None:
+        """Enters the request's newly computed full blocks into the prefix cache."""
+        if not self.enable_prefix_caching or not req.use_cache:
+            return
+        full = min(req.num_computed // self.block_size, len(req.block_ids))
+        if req.registered_blocks >= full:
+            return
+        bs = self.block_size
+        for i, key in enumerate(self.block_hashes(req, full)[req.registered_blocks:], start=req.registered_blocks):
+            block = req.block_ids[i]
+            if key not in self.cached and self.block_hash[block] is None:  # else the same tokens are cached already
+                self.cached[key] = block
+                self.block_hash[block] = key
+                self.block_tokens[block] = tuple(req.token_ids[i * bs:(i + 1) * bs])
+        req.registered_blocks = full
+
+    # ---- allocation -------------------------------------------------------------------------------
+
+    def can_admit(self, req: Request, hits: list[int]) -> bool:
+        """Whether blocks for all of the request's tokens fit, after its prefix hits."""
+        reusable_free = sum(1 for b in hits if self.ref_counts[b] == 0)  # taking them removes them from the queue
+        return len(self.free) - reusable_free >= self.blocks_for(req.num_tokens) - len(hits)
+
+    def admit(self, req: Request, hits: list[int]) -> None:
+        """Gives the request its prefix hits and fresh blocks for the rest of its tokens (can_admit first)."""
+        assert not req.block_ids, f"{req} already holds blocks"
+        for block in hits:
+            if self.ref_counts[block] == 0:
+                del self.free[block]
+            self.ref_counts[block] += 1
+        req.block_ids = list(hits) + self._allocate(self.blocks_for(req.num_tokens) - len(hits))
+        req.num_computed = len(hits) * self.block_size
+        req.registered_blocks = len(hits)
+
+    def grow(self, req: Request, num_tokens: int) -> bool:
+        """Makes the request hold blocks for its first `num_tokens` tokens; False if too few are free."""
+        needed = self.blocks_for(num_tokens) - len(req.block_ids)
+        if needed <= 0:
+            return True
+        if needed > len(self.free):
+            return False
+        req.block_ids += self._allocate(needed)
+        return True
+
+    def release(self, req: Request) -> list[int]:
+        """Gives back the request's blocks, last block first, so that a sequence's tail is evicted before
+        its head. Returns the blocks no one holds any more."""
+        freed = []
+        for block in reversed(req.block_ids):
+            self.ref_counts[block] -= 1
+            assert self.ref_counts[block] >= 0, f"block {block} released more often than held"
+            if self.ref_counts[block] == 0:
+                self.free[block] = None
+                freed.append(block)
+        req.block_ids, req.num_computed, req.registered_blocks = [], 0, 0
+        return freed
+
+    def forget(self, blocks: list[int]) -> None:
+        """Removes blocks from the prefix cache (a failed request's: their values may be NaN)."""
+        for block in blocks:
+            key = self.block_hash[block]
+            if key is not None and self.cached.get(key) == block:
+                del self.cached[key]
+            self.block_hash[block] = self.block_tokens[block] = None
+
+    def _allocate(self, n: int) -> list[int]:
+        if n > len(self.free):
+            raise RuntimeError(f"{n} blocks asked, {len(self.free)} free")
+        blocks = []
+        for _ in range(n):
+            block, _ = self.free.popitem(last=False)  # the least recently released
+            self.forget([block])
+            self.ref_counts[block] = 1
+            blocks.append(block)
+        return blocks
+
+    def check_invariants(self) -> None:
+        """For tests: every block is held or free, never both; cached keys point at blocks with that key."""
+        for block, refs in enumerate(self.ref_counts):
+            assert refs >= 0, f"block {block} has {refs} references"
+            assert (refs == 0) == (block in self.free), f"block {block}: {refs} references, free={block in self.free}"
+        for key, block in self.cached.items():
+            assert self.block_hash[block] == key, f"block {block} is cached under {key} but keyed {self.block_hash[block]}"

@@ -1,0 +1,26 @@
+"""The engine's settings (the server's flags of the same names)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_KV_CACHE_MEMORY = 128 * 2**20  # bytes: the previous engine's 32 slots of 512 tokens, for the default model
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 128  # requests running at once (holding blocks), at most
+    max_waiting: int = 128  # requests queued beyond those before new ones get 429
+    max_num_batched_tokens: int = 256  # tokens one step computes (decode rows and prompt chunks), roughly
+    block_size: int = 16  # tokens per KV-cache block
+    kv_cache_memory: int = DEFAULT_KV_CACHE_MEMORY  # bytes of KV cache, all layers; sets the number of blocks
+    num_blocks: int | None = None  # the number of blocks outright (tests); overrides kv_cache_memory
+    enable_prefix_caching: bool = True
+    threads: int | None = None  # CPU threads of the engine's kernels (None: torch's default, one per core)
+    kernels: str = "auto"  # 'exact', 'stock' or 'auto' (model.kernels.kernels_for)
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")

@@ -1,0 +1,394 @@
+"""The serving engine: one thread owns the model and the KV cache and runs continuous batching.
+
+Each step is schedule -> execute -> update (`Scheduler.schedule`, `ModelRunner.execute`,
+`Engine._update`). Requests join and leave between steps. Callers submit from any thread and get
+their events through a sink; `Engine.stream` turns that into an async iterator for an asyncio loop,
+and each loop gets one wake-up per step carrying all of that step's events. No HTTP code here.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import queue
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model import kernels
+from model.checkpoint import DEFAULT_CHECKPOINT, load_model, load_tokenizer
+from model.device import resolve_device, resolve_dtype
+from model.generate import PromptError, check_prompt
+from model.gpt import GPT
+from model.kv_cache import PagedKVCache
+from model.sampling import SamplingParams
+from model.tokenizer import Tokenizer
+from server.engine.block_manager import BlockManager
+from server.engine.config import EngineConfig
+from server.engine.model_runner import ModelRunner, Sampled
+from server.engine.output_processor import OutputProcessor
+from server.engine.request import FINISH_ABORT, FINISH_ERROR, Request, Sink, TokenOutput
+from server.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
+
+log = logging.getLogger("kvserve.engine")
+
+SHUTDOWN_MESSAGE = "the server shut down before this request finished"
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine is shutting down or shut down and takes no more requests."""
+
+
+@dataclass
+class EngineArgs:
+    checkpoint: Path = DEFAULT_CHECKPOINT
+    device: str = "auto"  # auto = CUDA when present, else CPU
+    dtype: str = "float32"
+    config: EngineConfig = field(default_factory=EngineConfig)
+
+
+class AsyncSink:
+    """A request's events into an asyncio queue. The engine batches them: one call_soon_threadsafe
+    per loop per step, whatever the number of requests and tokens."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, events: asyncio.Queue) -> None:
+        self.loop, self.events = loop, events
+
+    def __call__(self, out: TokenOutput) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, out)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, TokenOutput]]) -> None:
+    for events, out in items:
+        events.put_nowait(out)
+
+
+class RequestStream:
+    """Async iterator over one request's TokenOutputs, fed from the engine thread. The last event
+    has finish_reason set. `cancel()` aborts the request; its blocks are freed at the next step."""
+
+    def __init__(self, engine: "Engine", request_id: str, events: asyncio.Queue) -> None:
+        self.engine, self.request_id, self._events = engine, request_id, events
+        self.done = False
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> TokenOutput:
+        if self.done:
+            raise StopAsyncIteration
+        out = await self._events.get()
+        self.done = out.finished
+        return out
+
+    def cancel(self) -> None:
+        if not self.done:
+            self.engine.abort(self.request_id)
+
+
+class Engine:
+    def __init__(self, model: GPT, tokenizer: Tokenizer, config: EngineConfig | None = None, *,
+                 name: str = "model", **overrides: Any) -> None:
+        """`config` (or its fields as keywords) sets the limits; see EngineConfig. The model is prepared
+        for the kernels the config asks for, in place (for every holder of the model)."""
+        config = dataclasses.replace(config or EngineConfig(), **overrides)
+        self.config, self.name = config, name
+        if config.kernels != "auto" and config.kernels != model.kernels:
+            model.prepare_for_inference(config.kernels)
+        self.threads = config.threads or torch.get_num_threads()
+        kernels.set_num_threads(self.threads)
+        if model.kernels == "exact" and config.block_size % 8:
+            raise ValueError(f"the exact kernels need a block size that is a multiple of 8, got {config.block_size}")
+        self.model, self.tokenizer, self.model_config = model, tokenizer, model.config
+        self.device = model.device
+        bs = config.block_size
+        num_blocks = config.num_blocks or PagedKVCache.blocks_for_memory(model.config, config.kv_cache_memory, bs,
+                                                                         model.dtype)
+        longest = -(-model.config.n_positions // bs)
+        if num_blocks < longest:
+            per_block = PagedKVCache.bytes_per_block(model.config, bs, model.dtype)
+            raise ValueError(f"the KV cache holds {num_blocks} blocks of {bs} tokens ({num_blocks * per_block} bytes), "
+                             f"fewer than one {model.config.n_positions}-token sequence needs ({longest} blocks, "
+                             f"{longest * per_block} bytes): raise --kv-cache-memory")
+        self.cache = PagedKVCache(model.config, num_blocks, bs, dtype=model.dtype, device=self.device)
+        self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens, max_waiting=config.max_waiting)
+        self.runner = ModelRunner(model, self.cache, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler.on_release = lambda req, freed: self.runner.release(req)
+        self.outputs = OutputProcessor(tokenizer)
+        self._wakeup = threading.Condition()
+        self._step_lock = threading.Lock()  # held for the length of a step; `paused()` holds it too
+        self._stopping = False
+        self._admitting = True  # False once a graceful shutdown has begun
+        self._thread: threading.Thread | None = None
+        self._calls: deque[tuple[Callable[[], Any], Future]] = deque()  # `run_between_steps` work, FIFO
+
+    @classmethod
+    def from_args(cls, args: EngineArgs) -> "Engine":
+        """Loads the checkpoint onto the device; the engine is not started."""
+        device = resolve_device(args.device)
+        model = load_model(args.checkpoint, device=device, dtype=resolve_dtype(args.dtype), kernels=args.config.kernels)
+        return cls(model, load_tokenizer(args.checkpoint), args.config, name=Path(args.checkpoint).name)
+
+    # ---- what callers see -------------------------------------------------------------------------
+
+    @property
+    def context_length(self) -> int:
+        return self.model_config.n_positions
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of KV-cache blocks held by requests (0..1)."""
+        return self.blocks.usage
+
+    @property
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, *, use_cache: bool = True,
+               request_id: str | None = None, cache_salt: str | None = None) -> str:
+        """Queues a request; `sink` gets its TokenOutputs on the engine thread and must not block.
+        Raises PromptError (prompt too long, empty...), QueueFullError, EngineStoppedError at once."""
+        check_prompt(prompt_ids, params.max_new_tokens, self.context_length, self.model_config.vocab_size)
+        needed = self.blocks.blocks_for(len(prompt_ids) + params.max_new_tokens)
+        if needed > self.blocks.num_blocks:
+            raise PromptError(f"prompt + max_new_tokens need {needed} KV-cache blocks; the cache has "
+                              f"{self.blocks.num_blocks} (--kv-cache-memory)")
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        req = Request(prompt_ids, params, seed, sink, use_cache=use_cache, cache_salt=cache_salt,
+                      request_id=request_id)
+        self.outputs.start(req)
+        with self._wakeup:  # the same lock shutdown takes to set _stopping: a request is refused or drained
+            if self._stopping or not self._admitting:
+                raise EngineStoppedError("the server is shutting down and takes no new requests")
+            self.scheduler.add(req)
+            self._wakeup.notify()
+        return req.request_id
+
+    def stream(self, prompt_ids: list[int], params: SamplingParams, *, use_cache: bool = True,
+               request_id: str | None = None, cache_salt: str | None = None) -> RequestStream:
+        """Submits from a running asyncio loop; events cross over in one batch per step."""
+        events: asyncio.Queue = asyncio.Queue()
+        rid = self.submit(prompt_ids, params, AsyncSink(asyncio.get_running_loop(), events), use_cache=use_cache,
+                          request_id=request_id, cache_salt=cache_salt)
+        return RequestStream(self, rid, events)
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, *, use_cache: bool = True,
+                 timeout: float | None = None, cache_salt: str | None = None) -> list[TokenOutput]:
+        """Blocking helper: submits and waits for every event (not for use on an event loop)."""
+        events: queue.Queue = queue.Queue()
+        self.submit(prompt_ids, params, events.put, use_cache=use_cache, cache_salt=cache_salt)
+        outs = [events.get(timeout=timeout)]
+        while not outs[-1].finished:
+            outs.append(events.get(timeout=timeout))
+        return outs
+
+    def run_between_steps(self, fn: Callable[[], Any]) -> Future:
+        """Runs `fn` on the engine thread between two steps, so it may use the model (e.g. attention
+        weights for inspection) without racing a step; its result or exception lands in the Future.
+        Needs a started engine. The steps of running requests wait for `fn`, so keep it short."""
+        future: Future = Future()
+        with self._wakeup:
+            if self._stopping:
+                raise EngineStoppedError("the engine is shut down")
+            self._calls.append((fn, future))
+            self._wakeup.notify()
+        return future
+
+    def abort(self, request_id: str) -> None:
+        """Cancels a request (waiting or running); it ends with finish_reason 'abort'."""
+        self.scheduler.abort(request_id)
+        with self._wakeup:
+            self._wakeup.notify()
+
+    # ---- life cycle -------------------------------------------------------------------------------
+
+    def start(self) -> "Engine":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kvserve-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def warmup(self) -> None:
+        """Runs a short request both ways, so the first real request pays no first-call costs."""
+        prompt = self.tokenizer.encode("Hello") or [0]
+        for use_cache in (True, False):
+            self.generate(prompt[: self.context_length - 2], SamplingParams(max_new_tokens=2, temperature=0),
+                          use_cache=use_cache, timeout=600, cache_salt="warmup")
+
+    def stop_admitting(self) -> None:
+        """New requests are refused (EngineStoppedError) from now on; those already in go on."""
+        with self._wakeup:  # as in submit: a request is either in before this or refused after it
+            self._admitting = False
+
+    def drain(self, grace: float) -> None:
+        """Graceful shutdown: refuses new requests, lets those in flight run for up to `grace` seconds,
+        then ends the rest with an error event of type 'shutdown'. Blocks until then."""
+        self.stop_admitting()
+        deadline = time.monotonic() + grace
+        while self.scheduler.has_work() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self.scheduler.has_work():
+            try:  # on the engine thread, before its next step, so no step touches what is ended here
+                self.run_between_steps(self._end_all_for_shutdown).result()
+            except EngineStoppedError:
+                pass  # `shutdown` ends them
+
+    def _end_all_for_shutdown(self) -> None:
+        self._deliver([(req, self.outputs.end(req, FINISH_ERROR, SHUTDOWN_MESSAGE, "shutdown"))
+                       for req in self.scheduler.drain()])
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stops the engine thread; requests still in flight end with a 'shutdown' error. Their state is
+        freed on the engine thread, after the step it may be in the middle of, never under it."""
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify_all()
+        if self._thread is None:
+            self._end_all_for_shutdown()  # never started: no step can be running
+        else:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("a step is still running after %g s; its requests end when it returns", timeout)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No step runs inside this block (requests still queue up). For tests and maintenance."""
+        with self._step_lock:
+            yield
+
+    def _run(self) -> None:
+        # torch's thread count is process-wide. With the exact kernels, torch's few remaining ops (the
+        # sampler's) run on one thread, so that its OpenMP workers never spin on the cores the kernels'
+        # own threads need (BENCHMARKS.md: a batch-32 step took twice as long with both pools).
+        if self.model.kernels == "exact":
+            torch.set_num_threads(1)
+        elif self.config.threads:
+            torch.set_num_threads(self.config.threads)
+        while True:
+            with self._wakeup:
+                while not self._stopping and not self.scheduler.has_work() and not self._calls:
+                    self._wakeup.wait()
+                stopping = self._stopping
+            with self._step_lock:
+                if stopping:
+                    while self._calls:
+                        self._calls.popleft()[1].set_exception(EngineStoppedError("the engine is shut down"))
+                    self._end_all_for_shutdown()
+                    return
+                self._run_calls()
+                try:
+                    self.step()
+                except Exception:  # a bug outside any one request: fail what is in flight, keep serving
+                    log.exception("engine step failed")
+                    events = [(req, self.outputs.end(req, FINISH_ERROR, "internal engine error", "generation"))
+                              for req in self.scheduler.drain()]
+                    self._deliver(events)
+
+    def _run_calls(self) -> None:
+        while self._calls:
+            fn, future = self._calls.popleft()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except Exception as e:  # the caller's failure, handed back to the caller
+                    future.set_exception(e)
+
+    # ---- one step: schedule -> execute -> update --------------------------------------------------
+
+    def step(self) -> SchedulerOutput:
+        sched = self.scheduler.schedule()
+        events = [(req, self.outputs.end(req, FINISH_ABORT)) for req in sched.aborted]
+        if sched.num_tokens:
+            try:
+                sampled = self.runner.execute(sched)
+            except Exception:
+                log.exception("batched step failed; rerunning its requests one by one")
+                sampled = self._execute_one_by_one(sched, events)
+            self._update(sched, sampled, events)
+        self._deliver(events)
+        return sched
+
+    def _execute_one_by_one(self, sched: SchedulerOutput, events: list) -> list[Sampled]:
+        """Isolates the request that broke a batch: it alone fails, the others go on. A rerun samples
+        what the batch would have (each draw depends on the request's seed and token index only)."""
+        sampled: list[Sampled] = []
+        for req, n in sched.num_tokens.items():
+            try:
+                sampled += self.runner.execute(SchedulerOutput(num_tokens={req: n}))
+            except Exception as e:
+                self._fail(req, f"{type(e).__name__}: {e}", events)
+        return sampled
+
+    def _update(self, sched: SchedulerOutput, sampled: list[Sampled], events: list) -> None:
+        for req, n in sched.num_tokens.items():
+            if not req.finished:
+                req.num_computed += n
+                self.blocks.register_full_blocks(req)
+        for s in sampled:
+            req = s.request
+            if req.finished:
+                continue
+            if s.error is not None:
+                self._fail(req, s.error, events)
+                continue
+            try:
+                out = self.outputs.append(req, s.token_id, s.logprob)
+            except Exception as e:
+                self._fail(req, f"{type(e).__name__}: {e}", events)
+                continue
+            if req.finish_reason is not None:
+                self.scheduler.finish(req)
+            events.append((req, out))
+
+    def _fail(self, req: Request, error: str, events: list) -> None:
+        """Ends one request with an error. Its blocks leave the prefix cache and are zeroed: a NaN left
+        there would reach every later holder (a masked value still counts as 0 * NaN in some kernels)."""
+        log.warning("request %s failed: %s", req.request_id, error)
+        held = list(req.block_ids)
+        self.scheduler.finish(req)
+        unheld = [b for b in held if self.blocks.ref_counts[b] == 0]
+        self.blocks.forget(unheld)
+        self.cache.zero_blocks(unheld)
+        events.append((req, self.outputs.end(req, FINISH_ERROR, f"generation failed: {error}", "generation")))
+
+    def _deliver(self, events: list[tuple[Request, TokenOutput]]) -> None:
+        """Hands a step's events to their sinks: one wake-up per event loop for all of its requests."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Request, asyncio.Queue, TokenOutput]]] = {}
+        for req, out in events:
+            if isinstance(req.sink, AsyncSink):
+                by_loop.setdefault(req.sink.loop, []).append((req, req.sink.events, out))
+                continue
+            try:
+                req.sink(out)
+            except Exception:  # the consumer is gone: stop generating for it
+                self._consumer_gone(req)
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, [(events_, out) for _, events_, out in items])
+            except RuntimeError:  # the loop is closed: its consumers are gone
+                for req, _, _ in items:
+                    self._consumer_gone(req)
+
+    def _consumer_gone(self, req: Request) -> None:
+        if not req.finished:
+            req.finish_reason = FINISH_ABORT
+            self.scheduler.finish(req)

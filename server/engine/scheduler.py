@@ -1,0 +1,214 @@
+"""Which requests run in the next step, and how many of their tokens: vLLM V1's unified schedule,
+one {request: num_tokens} for prefill and decode alike.
+
+Each step, under a budget of `max_num_batched_tokens`:
+1. every running request past its prompt decodes one token, and every uncached one recomputes its
+   whole sequence (neither is ever split, so they may exceed the budget);
+2. running requests still reading their prompt get the next chunk from what budget is left;
+3. waiting requests are admitted, first come first served, while the budget lasts, fewer than
+   `max_num_seqs` run, and their blocks fit; each takes its prefix-cache hits and a first chunk.
+When a decoding request needs a block and none is free, the newest running request is preempted:
+its blocks go back, it returns to the front of the queue, and it recomputes when it resumes.
+
+Thread-safe on the submitting side (`add`, `abort` come from the HTTP event loop); everything else
+runs on the engine thread.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from server.engine.block_manager import BlockManager
+from server.engine.request import Request, RequestStatus
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at its limit: the request is refused now."""
+
+
+@dataclass
+class SchedulerOutput:
+    """What one step runs; the model runner reads nothing else of the requests' state."""
+
+    num_tokens: dict[Request, int] = field(default_factory=dict)  # request -> new tokens this step, in step order
+    preempted: list[Request] = field(default_factory=list)  # sent back to the queue this step (blocks freed)
+    aborted: list[Request] = field(default_factory=list)  # cancelled since the last step (blocks freed)
+
+    @property
+    def requests(self) -> list[Request]:
+        return list(self.num_tokens)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_tokens.values())
+
+    def start(self, req: Request) -> int:
+        """Position of the first token `req` computes this step (0 for an uncached recompute)."""
+        return req.num_computed
+
+    def samples(self, req: Request) -> bool:
+        """Whether this step reaches the end of the request's tokens, so a new token is sampled for it."""
+        return req.num_computed + self.num_tokens[req] == req.num_tokens
+
+
+@dataclass
+class SchedulerStats:
+    """Running totals since start, read by /metrics."""
+
+    prefix_cache_queries: int = 0  # prompt tokens of admitted requests that use the cache (vLLM's definition)
+    prefix_cache_hits: int = 0  # of those, tokens served from the prefix cache
+    preemptions: int = 0
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_waiting: int) -> None:
+        self.blocks = blocks
+        self.max_num_seqs, self.max_num_batched_tokens, self.max_waiting = (max_num_seqs, max_num_batched_tokens,
+                                                                            max_waiting)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order: the last is the first preempted
+        self.stats = SchedulerStats()
+        self._lock = threading.Lock()
+        self._aborts: set[str] = set()
+        self.on_release = lambda req, freed: None  # the engine's hook: the runner forgets the request's row
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_pending_aborts(self) -> int:
+        """Cancellations not yet carried out (they are, at the start of the next step)."""
+        return len(self._aborts)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self._aborts)
+
+    def add(self, req: Request) -> None:
+        """Queues a request. The queue holds up to `max_waiting` requests beyond the running places still
+        free (a new request waits for the next step even when one is free)."""
+        with self._lock:
+            if len(self.waiting) >= self.max_waiting + max(0, self.max_num_seqs - len(self.running)):
+                raise QueueFullError(f"the waiting queue is full (max {self.max_waiting} requests waiting, "
+                                     f"{len(self.running)} running; --max-waiting); retry later")
+            self.waiting.append(req)
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._aborts.add(request_id)
+
+    def schedule(self) -> SchedulerOutput:
+        with self._lock:
+            out = SchedulerOutput(aborted=self._take_aborted())
+            budget = self.max_num_batched_tokens
+            for req in list(self.running):  # 1. decode rows and uncached recomputes
+                if req.status != RequestStatus.RUNNING:
+                    continue  # preempted a moment ago, for an older request's block
+                if not req.use_cache:
+                    req.num_computed = 0
+                n = req.num_tokens - req.num_computed
+                if req.use_cache and n != 1:
+                    continue  # still reading its prompt: step 2
+                if self._make_room(req, req.num_tokens, out):
+                    out.num_tokens[req] = n
+                    budget -= n
+            for req in self.running:  # 2. prompt chunks of running requests
+                if budget <= 0:
+                    break
+                if req.status == RequestStatus.RUNNING and req not in out.num_tokens:
+                    n = min(req.num_tokens - req.num_computed, budget)
+                    out.num_tokens[req] = n
+                    budget -= n
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:  # 3. admissions
+                req = self.waiting[0]
+                if not req.use_cache and req.num_tokens > budget and out.num_tokens:
+                    break  # a recompute is never split: it waits for a step with room
+                hits = self.blocks.cached_prefix(req)
+                if not self.blocks.can_admit(req, hits):
+                    break
+                self.waiting.popleft()
+                self._admit(req, hits)
+                n = req.num_tokens - req.num_computed if not req.use_cache else min(
+                    req.num_tokens - req.num_computed, budget)
+                out.num_tokens[req] = n
+                budget -= n
+            return out
+
+    def _admit(self, req: Request, hits: list[int]) -> None:
+        self.blocks.admit(req, hits)
+        req.status = RequestStatus.RUNNING
+        if req.stats.admitted is None:  # the first admission: a resumed request counts its prefix once
+            req.stats.admitted = time.perf_counter()
+            if req.use_cache:
+                req.stats.cached_tokens = req.num_computed
+                self.stats.prefix_cache_queries += req.num_prompt_tokens
+                self.stats.prefix_cache_hits += req.num_computed
+        self.running.append(req)
+
+    def _make_room(self, req: Request, num_tokens: int, out: SchedulerOutput) -> bool:
+        """Blocks for `num_tokens` of `req`, preempting the newest running requests until they fit.
+        False when `req` itself had to go."""
+        while not self.blocks.grow(req, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim)
+            out.preempted.append(victim)
+            out.num_tokens.pop(victim, None)
+            if victim is req:
+                return False
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self._release(req)
+        req.status = RequestStatus.WAITING
+        req.stats.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(req)
+
+    def finish(self, req: Request) -> None:
+        """Takes a request out (finished or failed) and gives its blocks back at once."""
+        with self._lock:
+            if req in self.running:
+                self.running.remove(req)
+                self._release(req)
+            elif req in self.waiting:
+                self.waiting.remove(req)
+            req.status = RequestStatus.FINISHED
+
+    def drain(self) -> list[Request]:
+        """Removes every request (engine shutdown); returns them so their streams can be ended."""
+        with self._lock:
+            reqs = list(self.waiting) + self.running
+            for req in self.running:
+                self._release(req)
+            for req in reqs:
+                req.status = RequestStatus.FINISHED
+            self.waiting.clear()
+            self.running.clear()
+            self._aborts.clear()
+            return reqs
+
+    def _release(self, req: Request) -> None:
+        freed = self.blocks.release(req)
+        self.on_release(req, freed)
+
+    def _take_aborted(self) -> list[Request]:
+        if not self._aborts:
+            return []
+        aborted = [r for r in list(self.waiting) + self.running if r.request_id in self._aborts]
+        for req in aborted:
+            if req in self.running:
+                self.running.remove(req)
+                self._release(req)
+            else:
+                self.waiting.remove(req)
+            req.status = RequestStatus.FINISHED
+        self._aborts.clear()  # ids not found had already finished
+        return aborted
