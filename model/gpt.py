@@ -218,6 +218,7 @@ class GPT(nn.Module):
                              f"{self.config.head_dim} and {cache.block_size}")
         if self.exact is not None:  # the blocks below, op for op, in one call (csrc/forward.cpp)
             return self.exact.forward(step, cache)  # (N, C)
+        step = step.trimmed()
         x = F.embedding(step.token_ids, self.transformer.wte.weight) + F.embedding(step.positions,
                                                                                  self.transformer.wpe.weight)  # (N, C)
         for block in self.transformer.h:

@@ -37,7 +37,9 @@ def zeros_in_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torc
 
 @dataclass
 class StepBatch:
-    """One forward over the new tokens of several sequences, back to back: N tokens, S sequences."""
+    """One forward over the new tokens of several sequences, back to back: N tokens, S sequences.
+    The engine's tensors are its preallocated buffers, longer than the step: only their first
+    num_tokens (per-token fields) or num_seqs (per-sequence fields) entries are this step's."""
 
     token_ids: torch.Tensor  # (N,) int64
     positions: torch.Tensor  # (N,) int64, each token's position in its own sequence
@@ -46,8 +48,17 @@ class StepBatch:
     seq_lens: torch.Tensor  # (S,) int32, keys each sequence attends over after this step: last position + 1
     block_tables: torch.Tensor  # (rows, max_blocks) int32, block ids; a sequence's row lists its blocks in order
     seq_rows: torch.Tensor  # (S,) int32, each sequence's row in block_tables
+    num_tokens: int  # N
+    num_seqs: int  # S
     max_query_len: int  # the longest run of new tokens of one sequence (sizes the stock attention's padding)
     max_seq_len: int  # the largest seq_lens entry
+
+    def trimmed(self) -> "StepBatch":
+        """The same step with tensors of exactly its sizes (views)."""
+        N, S = self.num_tokens, self.num_seqs
+        return StepBatch(self.token_ids[:N], self.positions[:N], self.slot_mapping[:N], self.query_start[:S + 1],
+                         self.seq_lens[:S], self.block_tables, self.seq_rows[:S], N, S, self.max_query_len,
+                         self.max_seq_len)
 
     @classmethod
     def build(cls, sequences: list[tuple[list[int], int, list[int]]], block_size: int,
@@ -68,16 +79,8 @@ class StepBatch:
         return cls(torch.tensor(ids, device=device), torch.tensor(positions, device=device),
                    torch.tensor(slots, device=device), torch.tensor(starts, dtype=torch.int32, device=device),
                    torch.tensor(lens, dtype=torch.int32, device=device), tables.to(device),
-                   torch.arange(len(sequences), dtype=torch.int32, device=device),
+                   torch.arange(len(sequences), dtype=torch.int32, device=device), len(ids), len(sequences),
                    max(len(t) for t, _, _ in sequences), max(lens))
-
-    @property
-    def num_tokens(self) -> int:
-        return self.token_ids.shape[0]
-
-    @property
-    def num_seqs(self) -> int:
-        return self.seq_lens.shape[0]
 
 
 class PagedKVCache:

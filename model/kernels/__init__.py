@@ -32,6 +32,7 @@ EPILOGUE_NONE, EPILOGUE_GELU, EPILOGUE_RESIDUAL = 0, 1, 2
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
 _EXACT_DTYPES = tuple(_DTYPE_CODE)
 
+SPIN_US = 100  # how long an idle kernel thread spins for the next job before it sleeps (BENCHMARKS.md)
 _lock = threading.Lock()
 _lib = None
 _unavailable: str | None = None
@@ -47,6 +48,7 @@ def _library():
             try:
                 _lib = load()
                 _lib.kv_set_num_threads(torch.get_num_threads())
+                _lib.kv_set_spin_us(int(os.environ.get("KVSERVE_KERNEL_SPIN_US", SPIN_US)))
             except KernelBuildError as e:
                 _unavailable = str(e)
                 log.warning("exact kernels unavailable, using torch's kernels instead: cached and uncached logits "
@@ -186,7 +188,7 @@ class ExactModel:
 
     def forward(self, step, cache) -> torch.Tensor:
         """Embeddings and every block for the step's N tokens: hidden states (N, C), before ln_f."""
-        N = step.token_ids.shape[0]
+        N = step.num_tokens
         x = torch.empty((N, self.struct.n_embd), dtype=self.dtype, device=step.token_ids.device)
         pointers = cache.__dict__.get("_layer_pointers")
         if pointers is None:  # the cache's layer addresses never change: gathered once
@@ -201,6 +203,13 @@ class ExactModel:
         return x
 
 
+def greedy(logits: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Per row of float32 (R, V) logits: out (R, 3) float64 gets the first index of the largest logit,
+    its logprob and 1 if the row is finite; lse (R,) float32 gets log(sum(exp)). Each row in one fixed
+    order (csrc/sampling.cpp)."""
+    _lib.kv_greedy(logits.data_ptr(), logits.shape[0], logits.shape[1], out.data_ptr(), lse.data_ptr())
+
+
 EXACT_HEAD_DIMS = (8, 16, 32, 64, 128)
 
 
@@ -212,7 +221,7 @@ def paged_attention(qkv: torch.Tensor, cache_layer: torch.Tensor, step, n_head: 
     """Writes each token's keys/values to its slot, then attends over its sequence's blocks, through
     csrc/attention.cpp. qkv: (N, 3C) contiguous; cache_layer: (num_blocks, 2, nh, bs * hd).
     step: model.kv_cache.StepBatch. Returns (N, C)."""
-    N, C3 = qkv.shape
+    N, C3 = qkv.shape  # N == step.num_tokens
     C = C3 // 3
     head_dim = C // n_head
     out = torch.empty((N, C), dtype=qkv.dtype, device=qkv.device)
@@ -224,7 +233,7 @@ def paged_attention(qkv: torch.Tensor, cache_layer: torch.Tensor, step, n_head: 
 
 
 __all__ = ["EPILOGUE_GELU", "EPILOGUE_NONE", "EPILOGUE_RESIDUAL", "GROUP", "ExactModel", "PackedNorm", "PackedWeight",
-           "embed",
+           "embed", "greedy",
            "exact_attention_supported",
            "kernels_for", "linear", "num_threads", "paged_attention", "set_num_threads", "stock",
            "unavailable_reason"]

@@ -10,7 +10,7 @@ DEFAULT_KV_CACHE_MEMORY = 128 * 2**20  # bytes: the previous engine's 32 slots o
 class EngineConfig:
     max_num_seqs: int = 128  # requests running at once (holding blocks), at most
     max_waiting: int = 128  # requests queued beyond those before new ones get 429
-    max_num_batched_tokens: int = 256  # tokens one step computes (decode rows and prompt chunks), roughly
+    max_num_batched_tokens: int = 128  # tokens one step computes (decode rows and prompt chunks), roughly
     block_size: int = 16  # tokens per KV-cache block
     kv_cache_memory: int = DEFAULT_KV_CACHE_MEMORY  # bytes of KV cache, all layers; sets the number of blocks
     num_blocks: int | None = None  # the number of blocks outright (tests); overrides kv_cache_memory

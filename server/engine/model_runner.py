@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from model import kernels
 from model.gpt import GPT
 from model.kv_cache import PagedKVCache, StepBatch
 from model.sampling import SamplingBatch, sample, uniform_draws
@@ -46,12 +47,17 @@ class ModelRunner:
         self._free_rows = list(range(max_num_seqs - 1, -1, -1))
         self._row_blocks = np.zeros(max_num_seqs, dtype=np.int64)  # block ids written to each row's table
         self._seen: torch.Tensor | None = None  # (rows, V) bool, made when a penalized request first arrives
+        self._exact = model.kernels == "exact"
+        self._results = torch.zeros((max_num_seqs, 3), dtype=torch.float64, device=self.device)
+        self._lse_out = torch.zeros(max_num_seqs, dtype=torch.float32, device=self.device)
+        self._num_sampled, self._penalized, self._filtered, self._all_rows_sample = 0, False, False, False
         self._allocate(max(max_num_batched_tokens, model.config.n_positions))
 
     def _allocate(self, max_tokens: int) -> None:
         """(Re)builds the buffers for up to `max_tokens` tokens a step, keeping the rows' persistent state."""
         R, previous = self.max_rows, getattr(self, "buffers", None)
         self.max_tokens = max_tokens
+        self._arange = np.arange(max(max_tokens, R) + 1)
         self.buffers = InputBuffers({
             "block_tables": (np.int32, (R, self.max_blocks)),  # persistent: per row
             "temperature": (np.float32, (R,)), "top_k": (np.int64, (R,)), "top_p": (np.float32, (R,)),
@@ -105,53 +111,64 @@ class ModelRunner:
 
     def prepare(self, sched: SchedulerOutput) -> tuple[StepBatch, list[Request]]:
         """Fills the step's buffers; returns the batch and the requests that sample, in row order."""
-        entries = list(sched.num_tokens.items())
-        S, N = len(entries), sum(n for _, n in entries)
-        if N > self.max_tokens:
-            self._allocate(max(N, 2 * self.max_tokens))
         host = self.buffers.host
-        ids: list[int] = []
-        starts = np.empty(S, dtype=np.int64)
-        counts = np.empty(S, dtype=np.int64)
-        rows = host["seq_rows"][:S]
-        sampling: list[int] = []
-        for i, (req, n) in enumerate(entries):
-            rows[i] = self._row(req)
+        rows, starts, counts, ids, sampling = [], [], [], [], []
+        for i, (req, n) in enumerate(sched.num_tokens.items()):
+            rows.append(self._row(req))
             start = req.num_computed
-            ids += req.token_ids[start:start + n]
-            starts[i], counts[i] = start, n
+            starts.append(start)
+            counts.append(n)
+            if n == 1:
+                ids.append(req.token_ids[start])
+            else:
+                ids += req.token_ids[start:start + n]
             if start + n == req.num_tokens:
                 sampling.append(i)
-        query_start = host["query_start"][:S + 1]
-        query_start[0] = 0
-        np.cumsum(counts, out=query_start[1:])
-        host["seq_lens"][:S] = starts + counts
-        seq_of_token = np.repeat(np.arange(S), counts)  # (N,)
-        positions = host["positions"][:N]
-        positions[:] = np.arange(N) - query_start[seq_of_token] + starts[seq_of_token]
+        S, N = len(rows), len(ids)
+        if N > self.max_tokens:
+            self._allocate(max(N, 2 * self.max_tokens))
+            host = self.buffers.host
+        host["seq_rows"][:S] = rows
         host["token_ids"][:N] = ids
-        table = host["block_tables"][rows[seq_of_token], positions // self.block_size]  # (N,)
-        host["slot_mapping"][:N] = table.astype(np.int64) * self.block_size + positions % self.block_size
-        sample_reqs = [entries[i][0] for i in sampling]
-        R = len(sampling)
+        positions, seq_lens, query_start = host["positions"][:N], host["seq_lens"][:S], host["query_start"][:S + 1]
+        if N == S:  # one token per sequence: decode rows
+            positions[:] = starts
+            query_start[:] = self._arange[:S + 1]
+            token_rows = host["seq_rows"][:S]
+        else:
+            start_of, count_of = np.array(starts), np.array(counts)
+            query_start[0] = 0
+            np.cumsum(count_of, out=query_start[1:])
+            seq_of_token = np.repeat(self._arange[:S], count_of)  # (N,)
+            positions[:] = self._arange[:N] - query_start[seq_of_token] + start_of[seq_of_token]
+            token_rows = host["seq_rows"][:S][seq_of_token]
+        np.add(positions[query_start[1:] - 1], 1, out=seq_lens, casting="unsafe")  # last position + 1
+        block, offset = np.divmod(positions, self.block_size)
+        host["slot_mapping"][:N] = host["block_tables"][token_rows, block] * self.block_size + offset
+        if len(sampling) == S:
+            sample_reqs = list(sched.num_tokens)
+        else:
+            chosen = set(sampling)
+            sample_reqs = [req for i, req in enumerate(sched.num_tokens) if i in chosen]
+        R = len(sample_reqs)
+        self._all_rows_sample = R == N
         if R:
             host["logits_rows"][:R] = query_start[1:][sampling] - 1
-            sample_rows = rows[sampling]
-            host["sample_rows"][:R] = sample_rows
-            indices = np.array([r.num_output_tokens for r in sample_reqs], dtype=np.uint64)
-            host["uniform"][:R] = uniform_draws(self._seeds[sample_rows], indices)
+            host["sample_rows"][:R] = host["seq_rows"][:S][sampling]
             sampled = [i for i, r in enumerate(sample_reqs) if not r.params.greedy]
-            host["sampled_idx"][:len(sampled)] = sampled
             self._num_sampled = len(sampled)
-            self._filtered = any(sample_reqs[i].params.top_k > 0 or sample_reqs[i].params.top_p < 1 for i in sampled)
             self._penalized = any(r.params.penalized for r in sample_reqs)
+            if sampled:
+                host["sampled_idx"][:len(sampled)] = sampled
+                indices = np.array([r.num_output_tokens for r in sample_reqs], dtype=np.uint64)
+                host["uniform"][:R] = uniform_draws(self._seeds[host["sample_rows"][:R]], indices)
+                self._filtered = any(sample_reqs[i].params.top_k > 0 or sample_reqs[i].params.top_p < 1
+                                     for i in sampled)
         self.buffers.upload()
         t = self.buffers.tensors
-        step = StepBatch(token_ids=t["token_ids"][:N], positions=t["positions"][:N],
-                         slot_mapping=t["slot_mapping"][:N], query_start=t["query_start"][:S + 1],
-                         seq_lens=t["seq_lens"][:S], block_tables=t["block_tables"], seq_rows=t["seq_rows"][:S],
-                         max_query_len=int(counts.max()) if S else 0,
-                         max_seq_len=int((starts + counts).max()) if S else 0)
+        step = StepBatch(t["token_ids"], t["positions"], t["slot_mapping"], t["query_start"], t["seq_lens"],
+                         t["block_tables"], t["seq_rows"], N, S, max(counts) if S else 0,
+                         int(seq_lens.max()) if S else 0)
         return step, sample_reqs
 
     @torch.inference_mode()
@@ -162,26 +179,35 @@ class ModelRunner:
         if not R:
             return []
         t = self.buffers.tensors
-        logits = self.model.compute_logits(hidden[t["logits_rows"][:R]])  # (R, V) float32
-        tokens, logprobs, broken = self._sample(logits, t, R)
-        values = torch.stack([tokens.double(), logprobs.double(), broken.double()]).tolist()  # the one copy back
-        return [Sampled(req, int(tok), lp, NON_FINITE if bad else None)
-                for req, tok, lp, bad in zip(reqs, *values)]
+        rows = hidden if self._all_rows_sample else hidden[t["logits_rows"][:R]]  # (R, C)
+        logits = self.model.compute_logits(rows)  # (R, V) float32
+        values = self._sample(logits, t, R).tolist()  # the one copy back: (R, 3) token, logprob, finite
+        return [Sampled(req, int(tok), lp, None if ok else NON_FINITE) for req, (tok, lp, ok) in zip(reqs, values)]
 
-    def _sample(self, logits: torch.Tensor, t: dict[str, torch.Tensor], R: int):
+    def _sample(self, logits: torch.Tensor, t: dict[str, torch.Tensor], R: int) -> torch.Tensor:
+        """(R, 3) float64: each row's token, its logprob and 1 if its logits were finite."""
+        out, lse = self._results[:R], self._lse_out[:R]
+        if self._exact:
+            kernels.greedy(logits, out, lse)  # every row's argmax and normalizer, in one pass
+        else:
+            torch.logsumexp(logits, dim=-1, out=lse)  # row-invariant on the CPU (tests/model/test_kernels.py)
+            greedy = logits.argmax(dim=-1)  # (R,)
+            out[:, 0] = greedy
+            out[:, 1] = logits.gather(1, greedy[:, None])[:, 0] - lse
+            out[:, 2] = lse.isfinite()
+        if not (self._num_sampled or self._penalized):
+            return out
         rows = t["sample_rows"][:R]
         penalty = t["repetition_penalty"][rows] if self._penalized else None  # (R,)
         batch = SamplingBatch(
             temperature=t["temperature"][rows], top_k=t["top_k"][rows], top_p=t["top_p"][rows],
             uniform=t["uniform"][:R], sampled_rows=t["sampled_idx"][:self._num_sampled] if self._num_sampled else None,
             filtered=self._filtered, repetition_penalty=penalty, seen=self._seen[rows] if self._penalized else None)
-        lse = torch.logsumexp(logits, dim=-1)  # (R,); row-invariant on the CPU (tests/model/test_kernels.py)
-        broken = ~lse.isfinite()  # (R,): such a row fails its request, not the batch
-        if self.device.type != "cpu" or broken.any():  # (on a GPU, testing would cost a sync)
-            logits = logits.masked_fill(broken[:, None], 0.0)
-            lse = torch.where(broken, float(np.log(self.vocab_size)), lse)
-        tokens, logprobs = sample(logits, batch, lse)
+        broken = out[:, 2] == 0  # (R,): such a row fails its request, not the batch
+        logits = logits.masked_fill(broken[:, None], 0.0)
+        tokens, logprobs = sample(logits, batch, torch.where(broken, float(np.log(self.vocab_size)), lse))
+        out[:, 0], out[:, 1] = tokens, logprobs
         if penalty is not None:
             keep = penalty != 1.0  # (R,)
             self._seen[rows[keep], tokens[keep]] = True  # the sampled token joins the history for the next step
-        return tokens, logprobs, broken
+        return out

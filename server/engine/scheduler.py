@@ -4,7 +4,8 @@ one {request: num_tokens} for prefill and decode alike.
 Each step, under a budget of `max_num_batched_tokens`:
 1. every running request past its prompt decodes one token, and every uncached one recomputes its
    whole sequence (neither is ever split, so they may exceed the budget);
-2. running requests still reading their prompt get the next chunk from what budget is left;
+2. running requests still reading their prompt get the next chunk from what budget is left, and at
+   least MIN_PROMPT_TOKENS, so that prompts progress however many rows decode;
 3. waiting requests are admitted, first come first served, while the budget lasts, fewer than
    `max_num_seqs` run, and their blocks fit; each takes its prefix-cache hits and a first chunk.
 When a decoding request needs a block and none is free, the newest running request is preempted:
@@ -22,6 +23,9 @@ from dataclasses import dataclass, field
 
 from server.engine.block_manager import BlockManager
 from server.engine.request import Request, RequestStatus
+
+
+MIN_PROMPT_TOKENS = 16  # prompt tokens a step may always read, whatever the decode rows took
 
 
 class QueueFullError(RuntimeError):
@@ -119,6 +123,7 @@ class Scheduler:
                 if self._make_room(req, req.num_tokens, out):
                     out.num_tokens[req] = n
                     budget -= n
+            budget = max(budget, MIN_PROMPT_TOKENS)
             for req in self.running:  # 2. prompt chunks of running requests
                 if budget <= 0:
                     break

@@ -154,7 +154,8 @@ class ServerProcess:
 
 def hook_sampling(monkeypatch, before=None, after=None) -> None:
     """Lets a test see (and break) the runner's sampling: before(requests, logits) may change the (R, V)
-    logits in place or raise; after(requests, tokens) may change the (R,) sampled tokens in place."""
+    logits in place or raise; after(requests, tokens) may change the (R,) sampled tokens in place (a
+    float64 view of the step's results)."""
     real_prepare, real_sample = ModelRunner.prepare, ModelRunner._sample
 
     def prepare(self, sched):
@@ -165,10 +166,10 @@ def hook_sampling(monkeypatch, before=None, after=None) -> None:
     def sample(self, logits, t, R):
         if before is not None:
             before(self._hooked_requests, logits)
-        tokens, logprobs, broken = real_sample(self, logits, t, R)
+        results = real_sample(self, logits, t, R)  # (R, 3): token, logprob, finite
         if after is not None:
-            after(self._hooked_requests, tokens)
-        return tokens, logprobs, broken
+            after(self._hooked_requests, results[:, 0])
+        return results
 
     monkeypatch.setattr(ModelRunner, "prepare", prepare)
     monkeypatch.setattr(ModelRunner, "_sample", sample)

@@ -243,20 +243,35 @@ def test_the_event_loop_gets_one_wakeup_per_step_for_all_its_streams(engine, tin
 
 
 def test_decode_rows_keep_going_while_a_long_prompt_is_read_in_chunks(tiny_model, tiny_tokenizer):
-    eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=2, max_num_batched_tokens=9, threads=1)
+    eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=2, max_num_batched_tokens=21, threads=1)
     short, long_ = [], []
     eng.submit(tiny_tokenizer.encode("To be"), SamplingParams(max_new_tokens=50, temperature=0, ignore_eos=True),
                short.append)
     eng.step()
     prompt = (tiny_tokenizer.encode("Whether 'tis nobler in the mind to suffer ") * 8)[:60]
     eng.submit(prompt, SamplingParams(max_new_tokens=3, temperature=0), long_.append)
-    for step in range(1, 8):
+    for step in range(1, 4):
         sched = eng.step()
         counts = sorted(sched.num_tokens.values())
-        assert counts == [1, 8], f"step {step}: {counts}"  # the decode row, then 8 prompt tokens of the budget
-        assert len(short) == 1 + step and not long_, "the running request must get a token every step"
+        assert counts == [1, 20], f"step {step}: {counts}"  # the decode row, then 20 prompt tokens of the budget
+        assert len(short) == 1 + step, "the running request must get a token every step"
+        assert len(long_) == (1 if step == 3 else 0)
+    assert sorted(eng.step().num_tokens.values()) == [1, 1] and len(long_) == 2
+
+
+def test_prompts_progress_even_when_decode_rows_take_the_whole_budget(tiny_model, tiny_tokenizer):
+    eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=4, max_num_batched_tokens=2, threads=1)
+    for _ in range(3):
+        eng.submit(tiny_tokenizer.encode("To be"), SamplingParams(max_new_tokens=60, temperature=0, ignore_eos=True),
+                   lambda o: None)
+    while eng.num_waiting:
+        eng.step()
+    late = []
+    eng.submit(list(range(1, 41)), SamplingParams(max_new_tokens=2, temperature=0), late.append)
     sched = eng.step()
-    assert sorted(sched.num_tokens.values()) == [1, 4] and len(long_) == 1 and len(short) == 9
+    assert sorted(sched.num_tokens.values()) == [1, 1, 1, 16]  # at least MIN_PROMPT_TOKENS of prompt
+    while not late or not late[-1].finished:
+        eng.step()
 
 
 def test_blocks_left_non_finite_by_a_failed_request_never_reach_the_next_holder(tiny_model, tiny_tokenizer):
