@@ -1,9 +1,10 @@
-"""KV-cache size and peak memory during decode: `python -m bench.memory [--quick]`.
+"""KV-cache size and peak memory during serving: `python -m bench.memory [--quick]`.
 
-Reports KVCache.bytes_per_token / bytes_per_slot for the checkpoint's shape and dtype, and for
-each batch size (ascending, so the last reading is the largest batch's) the process's peak
-resident memory (ru_maxrss, which only grows) and, on CUDA, the peak allocated device memory,
-after prefilling every slot and decoding to the end of the context.
+Reports the bytes one token and one block of KV cache take for the checkpoint's shape and dtype,
+the pool the default --kv-cache-memory buys, and for each number of concurrent requests (ascending,
+so the last reading is the largest's) the process's peak resident memory (ru_maxrss, which only grows)
+and, on CUDA, the peak allocated device memory, after the in-process engine ran them all to the end
+of the context.
 """
 from __future__ import annotations
 
@@ -13,33 +14,16 @@ import sys
 import torch
 
 from bench.common import base_parser, machine_info, resolve, synchronize, write_result
-from model.checkpoint import load_model
-from model.generate import decode_one_token, prefill
-from model.gpt import GPT
-from model.kv_cache import KVCache
+from model.checkpoint import load_model, load_tokenizer
+from model.kv_cache import PagedKVCache
+from model.sampling import SamplingParams
+from server.engine import Engine, EngineConfig
 
 
 def peak_rss_bytes() -> int:
     """ru_maxrss is in KiB on Linux, in bytes on macOS."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
-
-
-@torch.inference_mode()
-def fill_and_decode(model: GPT, batch: int, prompt_tokens: int, new_tokens: int) -> KVCache:
-    """A full cache of `batch` slots: prefill, then greedy decode `new_tokens` steps."""
-    device, dtype = model.transformer.wte.weight.device, model.transformer.wte.weight.dtype
-    cache = KVCache(model.config, batch, dtype=dtype, device=device)
-    slots = slice(0, batch)
-    ids = torch.randint(0, model.config.vocab_size, (batch, prompt_tokens), device=device)  # (B, T)
-    positions = torch.arange(prompt_tokens, device=device).expand(batch, -1)  # (B, T)
-    logits = prefill(model, cache, ids, positions, slots, torch.full((batch,), prompt_tokens - 1, device=device))
-    for i in range(new_tokens):
-        token = logits.argmax(dim=-1)  # (B,)
-        pos = torch.full((batch,), prompt_tokens + i, device=device)  # (B,)
-        logits = decode_one_token(model, cache, token, pos, slots, kv_len=prompt_tokens + i + 1)  # (B, V)
-    synchronize(device)
-    return cache
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,34 +33,47 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     device, dtype = resolve(args)
     model = load_model(args.checkpoint, device=device, dtype=dtype)
+    tokenizer = load_tokenizer(args.checkpoint)
     context = model.config.n_positions
-    batches = sorted(int(b) for b in args.batches.split(","))
-    if args.quick:
-        batches = batches[:2]
-    new_tokens = (8 if args.quick else context - args.prompt_tokens)
+    batches = sorted(int(b) for b in args.batches.split(","))[: 2 if args.quick else None]
+    new_tokens = 8 if args.quick else context - args.prompt_tokens
     rss_after_load = peak_rss_bytes()
-    probe = KVCache(model.config, 1, dtype=dtype, device=device)
+    config = EngineConfig(max_num_seqs=max(batches))
+    engine = Engine(model, tokenizer, config, threads=args.threads)
+    per_block = PagedKVCache.bytes_per_block(model.config, config.block_size, dtype)
     rows = []
     for batch in batches:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        cache = fill_and_decode(model, batch, args.prompt_tokens, new_tokens)
-        row = {"batch": batch, "cache_total_bytes": cache.total_bytes(), "peak_rss_bytes": peak_rss_bytes(),
-               "decoded_to_position": args.prompt_tokens + new_tokens}
+        sinks = [[] for _ in range(batch)]
+        for i, sink in enumerate(sinks):
+            prompt = torch.randint(0, model.config.vocab_size, (args.prompt_tokens,),
+                                   generator=torch.Generator().manual_seed(i)).tolist()
+            engine.submit(prompt, SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=True),
+                          sink.append, cache_salt=f"{batch}-{i}")
+        peak_blocks = 0
+        while not all(s and s[-1].finished for s in sinks):
+            engine.step()
+            peak_blocks = max(peak_blocks, engine.blocks.num_blocks - engine.blocks.num_free_blocks)
+        synchronize(device)
+        row = {"batch": batch, "peak_blocks_held": peak_blocks, "peak_kv_bytes_held": peak_blocks * per_block,
+               "peak_rss_bytes": peak_rss_bytes(), "decoded_to_position": args.prompt_tokens + new_tokens}
         if device.type == "cuda":
             row["peak_cuda_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
-        print(f"batch {batch:3d}: cache {row['cache_total_bytes'] / 2**20:.1f} MiB, "
-              f"peak RSS {row['peak_rss_bytes'] / 2**20:.1f} MiB")
+        print(f"{batch:3d} requests to position {row['decoded_to_position']}: {peak_blocks} blocks held "
+              f"({row['peak_kv_bytes_held'] / 2**20:.1f} MiB of KV), peak RSS {row['peak_rss_bytes'] / 2**20:.1f} MiB")
         rows.append(row)
-        del cache
     params = model.num_parameters()
     result = {"benchmark": "memory", "machine": machine_info(device, dtype), "checkpoint": args.checkpoint,
-              "model": model.config.to_hf_dict(), "quick": args.quick,
-              "parameters": params, "parameter_bytes": params * model.transformer.wte.weight.element_size(),
-              "kv_bytes_per_token": probe.bytes_per_token(), "kv_bytes_per_slot": probe.bytes_per_slot(),
-              "context": context, "peak_rss_bytes_after_load": rss_after_load, "batches": rows}
-    print(f"KV cache: {probe.bytes_per_token()} bytes/token, {probe.bytes_per_slot() / 2**20:.2f} MiB/slot "
-          f"({context} + 1 columns)")
+              "model": model.config.to_hf_dict(), "quick": args.quick, "parameters": params,
+              "parameter_bytes": params * model.transformer.wte.weight.element_size(),
+              "kv_bytes_per_token": per_block // config.block_size, "kv_bytes_per_block": per_block,
+              "block_size": config.block_size, "kv_cache_bytes": engine.cache.total_bytes(),
+              "kv_cache_tokens": engine.blocks.num_blocks * config.block_size, "context": context,
+              "peak_rss_bytes_after_load": rss_after_load, "batches": rows}
+    print(f"KV cache: {per_block // config.block_size} bytes/token, {per_block / 2**10:.0f} KiB a block of "
+          f"{config.block_size}; the pool: {engine.blocks.num_blocks} blocks = "
+          f"{engine.blocks.num_blocks * config.block_size} tokens, {engine.cache.total_bytes() / 2**20:.1f} MiB")
     write_result("memory", result, args.out)
     return 0
 

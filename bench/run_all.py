@@ -11,7 +11,7 @@ import time
 
 from bench.common import base_parser, machine_info, resolve, write_result
 
-BENCHMARKS = ("bandwidth", "cache_speedup", "vs_transformers", "memory", "serving")
+BENCHMARKS = ("bandwidth", "cache_speedup", "prefill", "vs_transformers", "memory", "capacity", "serving")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     shared += ["--quick"] if args.quick else []
     shared += ["--out", args.out] if args.out else []
     shared += ["--threads", str(args.threads)] if args.threads else []
-    shared += ["--compile"] if args.compile else []
+    shared += ["--kernels", args.kernels]
     runs = []
     for name in args.only.split(","):
         command = [sys.executable, "-m", f"bench.{name}", *shared]

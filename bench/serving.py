@@ -1,12 +1,13 @@
 """The real server under load: `python -m bench.serving [--quick]`.
 
 Starts `python -m server` on 127.0.0.1 (a free port), waits for /health, runs the load-test tool
-at concurrency 1, 4, 16, 32 with the KV cache on and off, writes JSON and plots, stops the server.
+at each concurrency in each cache mode side by side (off: use_cache false; kv: the KV cache with no
+prefix reuse across requests; prefix: the KV cache and prefix caching), writes JSON and plots, stops
+the server. `--shared-prefix-tokens N` puts one N-token passage in front of every prompt.
 """
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import subprocess
 import sys
@@ -44,15 +45,13 @@ def wait_for_health(url: str, process: subprocess.Popen, log_path: Path, timeout
 
 
 @contextmanager
-def running_server(checkpoint: str, device: str, dtype: str, max_batch: int, log_path: Path,
-                   threads: int | None = None, startup_timeout_s: float = 600.0, compile: bool = False):
-    """Yields the base URL of a server subprocess (with `threads` CPU threads if given, and --compile
-    if `compile`); stops it on exit."""
+def running_server(checkpoint: str, device: str, dtype: str, log_path: Path, flags: list[str],
+                   startup_timeout_s: float = 600.0):
+    """Yields the base URL of a server subprocess started with `flags`; stops it on exit."""
     port = free_port()
     command = [sys.executable, "-m", "server", "--checkpoint", checkpoint, "--host", "127.0.0.1",
-               "--port", str(port), "--max-batch", str(max_batch), "--device", device, "--dtype", dtype]
-    command += ["--compile"] if compile else []
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
+               "--port", str(port), "--device", device, "--dtype", dtype, *flags]
+    env = None
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -76,19 +75,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=300.0, help="seconds per run before no new request")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--max-batch", type=int, default=32)
+    ap.add_argument("--cache-modes", default="prefix,kv,off")
+    ap.add_argument("--shared-prefix-tokens", type=int, default=0)
+    ap.add_argument("--name", default="serving", help="results file name (bench/results/NAME.json)")
+    ap.add_argument("--server-flag", action="append", default=[], help="passed to the server (repeatable)")
     args = ap.parse_args(argv)
     device, dtype = resolve(args)
     out = Path(args.out) if args.out else RESULTS_DIR
     if args.quick:
         args.concurrency, args.num_requests, args.prompt_tokens, args.max_new_tokens = "1,2", 4, 16, 8
-    prompts, prompt_note = load_prompts(64, args.prompt_tokens, None, args.checkpoint)
-    name = "serving_compiled" if args.compile else "serving"  # the eager run's results stay beside it
-    with running_server(args.checkpoint, str(device), args.dtype, args.max_batch, out / f"{name}_server.log",
-                        args.threads, compile=args.compile) as url:
+    prompts, prompt_note = load_prompts(64, args.prompt_tokens, None, args.checkpoint,
+                                        shared_prefix_tokens=args.shared_prefix_tokens)
+    name = args.name
+    flags = [*args.server_flag, "--kernels", "auto" if args.kernels == "both" else args.kernels]
+    flags += ["--threads", str(args.threads)] if args.threads else []
+    with running_server(args.checkpoint, str(device), args.dtype, out / f"{name}_server.log", flags) as url:
         config = LoadTestConfig(url=url, concurrency=tuple(int(c) for c in args.concurrency.split(",")),
-                                cache_modes=(True, False), num_requests=args.num_requests, duration_s=args.duration,
-                                request_timeout_s=600.0, timeout_s=3600.0, max_new_tokens=args.max_new_tokens)
+                                cache_modes=tuple(args.cache_modes.split(",")), num_requests=args.num_requests,
+                                duration_s=args.duration, request_timeout_s=600.0, timeout_s=3600.0,
+                                max_new_tokens=args.max_new_tokens)
         report = asyncio.run(run_load_test(config, prompts,
                                            on_run_start=lambda label, n: print(f"{label}: {n} requests", flush=True)))
     report["prompts"] = prompt_note
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         Console().print(table)
     plots = write_plots(report, out / f"{name}_plots")
     result = {"benchmark": "serving", "machine": machine_info(device, dtype), "checkpoint": args.checkpoint,
-              "quick": args.quick, "max_batch": args.max_batch, "compile": args.compile, "plots": [str(p) for p in plots], **report}
+              "quick": args.quick, "server_flags": flags, "plots": [str(p) for p in plots], **report}
     write_result(name, result, str(out))
     return 0
 

@@ -2,9 +2,9 @@
 
 Greedy, same prompts, same number of new tokens (EOS suppressed on both sides: transformers with
 min_new_tokens = max_new_tokens, ours by masking the EOS logit), batch 1 and 8, runs in turns.
-Ours is the batched cached path (prefill + decode_one_token) and, when the checkpoint has a
-tokenizer, the serving engine driven in-process (scheduler, runner, sampling; no HTTP), timed
-against transformers in a second pass.
+Ours is the plain cached loop (one StepBatch per step over a paged cache, argmax) and, when the
+checkpoint has a tokenizer, the serving engine driven in-process (scheduler, runner, sampling; no
+HTTP), timed against transformers in a second pass.
 """
 from __future__ import annotations
 
@@ -13,32 +13,32 @@ from pathlib import Path
 
 import torch
 
-from bench.common import base_parser, interleaved_medians, machine_info, resolve, write_result
+from bench.common import base_parser, interleaved_medians, machine_info, resolve, stock_threads, write_result
 from model.checkpoint import load_model, load_tokenizer
-from model.generate import decode_one_token, prefill
 from model.gpt import GPT
-from model.kv_cache import KVCache
+from model.kv_cache import PagedKVCache, StepBatch
 from model.sampling import SamplingParams
 
 
 @torch.inference_mode()
-def generate_ours(model: GPT, prompts: torch.Tensor, new_tokens: int, compiled: bool = False) -> torch.Tensor:
+def generate_ours(model: GPT, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """Greedy for a batch of equal-length prompts (B, T). Returns (B, new_tokens)."""
     B, T = prompts.shape
-    device, dtype = prompts.device, model.transformer.wte.weight.dtype
-    eos = model.config.eos_token_id
-    cache = KVCache(model.config, B, max_len=T + new_tokens, dtype=dtype, device=device)
-    slots = slice(0, B)
-    positions = torch.arange(T, device=device).expand(B, -1)  # (B, T)
-    logits = prefill(model, cache, prompts, positions, slots, torch.full((B,), T - 1, device=device))  # (B, V)
+    eos, bs = model.config.eos_token_id, 16
+    per_seq = -(-(T + new_tokens) // bs)
+    cache = PagedKVCache(model.config, B * per_seq, bs, dtype=model.dtype, device=model.device)
+    tables = [list(range(b * per_seq, (b + 1) * per_seq)) for b in range(B)]
+    step = StepBatch.build([(row, 0, t) for row, t in zip(prompts.tolist(), tables)], bs, model.device)
+    hidden = model.forward_step(step, cache)
+    logits = model.compute_logits(hidden[step.query_start[1:].long() - 1])  # (B, V)
     out = []
     for i in range(new_tokens):
         logits[:, eos] = float("-inf")  # the same as transformers' min_new_tokens
         token = logits.argmax(dim=-1)  # (B,)
         out.append(token)
         if i < new_tokens - 1:
-            pos = torch.full((B,), T + i, device=device)  # (B,)
-            logits = decode_one_token(model, cache, token, pos, slots, kv_len=T + i + 1, compiled=compiled)
+            step = StepBatch.build([([t], T + i, table) for t, table in zip(token.tolist(), tables)], bs, model.device)
+            logits = model.compute_logits(model.forward_step(step, cache))  # (B, V)
     return torch.stack(out, dim=1)  # (B, new_tokens)
 
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-engine", action="store_true", help="skip the in-process serving engine")
     args = ap.parse_args(argv)
     device, dtype = resolve(args)
-    model = load_model(args.checkpoint, device=device, dtype=dtype)
+    model = load_model(args.checkpoint, device=device, dtype=dtype, kernels=args.kernels if args.kernels != "both" else "auto")
     hf_model = GPT2LMHeadModel.from_pretrained(args.checkpoint, dtype=dtype).to(device).eval()
     limit = model.config.n_positions
     new_tokens = min(16 if args.quick else args.new_tokens, limit - args.prompt_tokens)
@@ -87,16 +87,17 @@ def main(argv: list[str] | None = None) -> int:
                                     generator=torch.Generator().manual_seed(b)).to(device) for b in batches}
 
     def transformers_fn(prompts):
-        return lambda: generate_transformers(hf_model, prompts, new_tokens, eos)
+        def run():
+            with stock_threads("stock"):
+                return generate_transformers(hf_model, prompts, new_tokens, eos)
+        return run
 
-    # Pass 1: the bare loop against transformers. Pass 2, after it: the engines against transformers
-    # again. An engine's thread keeps its own OpenMP workers, which spin for a while after each of its
-    # runs and take the 2 cores from whatever runs next, so no engine runs beside pass 1.
+    # Pass 1: the bare loop against transformers. Pass 2, after it: the engine against transformers
+    # again. transformers runs on torch's threads, ours on the kernels' own: each gets every core
+    # while it runs (stock_threads), and an engine's thread never runs beside pass 1.
     rows = []
     for batch, prompts in all_prompts.items():
         fns = {"ours": lambda: generate_ours(model, prompts, new_tokens), "transformers": transformers_fn(prompts)}
-        if args.compile:
-            fns["ours_compiled"] = lambda: generate_ours(model, prompts, new_tokens, compiled=True)
         same = (generate_ours(model, prompts, new_tokens) == fns["transformers"]()).float().mean().item()
         times = interleaved_medians(fns, device, repeats, warmup=1)
         tps = {name: batch * new_tokens / t["median_s"] for name, t in times.items()}
@@ -111,11 +112,8 @@ def main(argv: list[str] | None = None) -> int:
 
         engines = {}
         try:
-            for name, compile in [("engine", False)] + ([("engine_compiled", True)] if args.compile else []):
-                engines[name] = Engine(model, load_tokenizer(args.checkpoint), compile=compile,
-                                       max_batch=max(batches)).start()
-                if compile:
-                    engines[name].run_between_steps(engines[name].runner.compile_decode_variants).result()
+            engines["engine"] = Engine(model, load_tokenizer(args.checkpoint), max_num_seqs=max(batches),
+                                       threads=args.threads).start()
             for row, prompts in zip(rows, all_prompts.values()):
                 fns = {name: lambda engine=engine: generate_engine(engine, prompts, new_tokens)
                        for name, engine in engines.items()} | {"transformers": transformers_fn(prompts)}
@@ -133,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {"benchmark": "vs_transformers", "machine": machine_info(device, dtype), "checkpoint": args.checkpoint,
               "transformers": transformers.__version__, "quick": args.quick, "repeats": repeats,
-              "compile": args.compile, "runs": rows}
+              "kernels": model.kernels, "runs": rows}
     write_result("vs_transformers", result, args.out)
     return 0
 
