@@ -52,7 +52,8 @@ def _library():
             except KernelBuildError as e:
                 _unavailable = str(e)
                 log.warning("exact kernels unavailable, using torch's kernels instead: cached and uncached logits "
-                            "then agree within a tolerance, not bit for bit (README.md). Reason: %s", e)
+                            "then agree within 1e-4 in float32, not bit for bit (README.md, 'What identical "
+                            "means'). Reason: %s", e)
     return _lib
 
 

@@ -197,3 +197,42 @@ def test_attention_ignores_nan_past_the_sequence_end():
     dirty_cache.layers[0].fill_(float("nan"))
     dirty = run_attention(qkv, dirty_cache, [(0, 10, [1])])
     assert torch.equal(clean, dirty)
+
+
+# ---- the ops left to torch ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 32])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_samplers_torch_ops_give_a_row_the_same_bits_in_any_batch(rows, threads):
+    """logsumexp (the stock path's normalizer), softmax and cumsum (the sampled rows' CDF), argmax:
+    torch's own, checked for the property our kernels guarantee instead of rerouted (issue 12)."""
+    x = rand(32, 8192, scale=4.0, seed=rows)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ops = {"logsumexp": lambda t: torch.logsumexp(t, dim=-1), "softmax": lambda t: t.softmax(dim=-1),
+               "cumsum": lambda t: t.softmax(dim=-1).double().cumsum(dim=-1), "argmax": lambda t: t.argmax(dim=-1)}
+        for name, op in ops.items():
+            batch = op(x[:rows])
+            for i in sorted({0, rows - 1}):
+                assert torch.equal(op(x[i:i + 1]), batch[i:i + 1]), f"{name}: row {i} of {rows}"
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_greedy_kernel_picks_the_first_maximum_and_normalizes_in_float32_rounding():
+    x = rand(5, 1000, scale=3.0, seed=21)
+    x[2, 10] = x[2, 900] = 50.0  # a tie: the first index wins, as torch.argmax
+    out, lse = torch.zeros(5, 3, dtype=torch.float64), torch.zeros(5)
+    kernels.greedy(x, out, lse)
+    assert out[:, 0].long().tolist() == x.argmax(-1).tolist()
+    torch.testing.assert_close(lse.double(), torch.logsumexp(x.double(), -1), atol=1e-5, rtol=1e-6)
+    assert torch.equal(out[:, 1], (x.gather(1, x.argmax(-1, keepdim=True))[:, 0] - lse).double())
+    assert out[:, 2].tolist() == [1.0] * 5
+    one_out, one_lse = torch.zeros(1, 3, dtype=torch.float64), torch.zeros(1)
+    kernels.greedy(x[3:4], one_out, one_lse)
+    assert torch.equal(one_out, out[3:4]) and torch.equal(one_lse, lse[3:4])
+    x[1, 5] = float("nan")
+    kernels.greedy(x, out, lse)
+    assert out[1, 2] == 0.0 and out[0, 2] == 1.0

@@ -5,6 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from tests.conftest import EXACT
 from tests.server.conftest import blocks_free, hook_sampling, sse_events, wait_for
 
 
@@ -79,6 +80,8 @@ def test_sixteen_concurrent_greedy_requests_match_their_solo_results(live):
         together = [f.result() for f in futures]
     for p, a, t in zip(prompts, alone, together):
         assert [x["id"] for x in t["details"]["tokens"]] == [x["id"] for x in a["details"]["tokens"]], p
+        if EXACT:  # identical means identical: the same logprobs, to the last bit, alone and among 17 others
+            assert [x["logprob"] for x in t["details"]["tokens"]] == [x["logprob"] for x in a["details"]["tokens"]], p
     assert live.metric("kvserve:num_requests_running") == 0
 
 
@@ -88,6 +91,24 @@ def test_use_cache_false_gives_the_same_greedy_text(live):
         uncached = generate(live, prompt, max_new_tokens=15, details=True, use_cache=False)
         assert uncached["generated_text"] == cached["generated_text"]
         assert uncached["details"]["use_cache"] is False
+        if EXACT:
+            assert [t["logprob"] for t in uncached["details"]["tokens"]] == [
+                t["logprob"] for t in cached["details"]["tokens"]]
+
+
+def test_a_repeated_long_prompt_is_served_from_the_prefix_cache_with_the_same_logprobs(live):
+    prompt = "Whether 'tis nobler in the mind to suffer the slings and arrows of outrageous fortune " * 2
+    first = generate(live, prompt, max_new_tokens=10, details=True, cache_salt="prefix-test")
+    again = generate(live, prompt, max_new_tokens=10, details=True, cache_salt="prefix-test")
+    assert first["details"]["cached_tokens"] == 0 and again["details"]["cached_tokens"] >= 16
+    assert again["generated_text"] == first["generated_text"]
+    if EXACT:
+        assert [t["logprob"] for t in again["details"]["tokens"]] == [t["logprob"] for t in first["details"]["tokens"]]
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 3, "temperature": 0, "cache_salt": "prefix-test"}
+    usage = httpx.post(live.url + "/v1/completions", json=body, timeout=60).json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == again["details"]["cached_tokens"]
+    assert live.metric("kvserve:prefix_cache_hits_total") >= 2 * again["details"]["cached_tokens"]
+    assert live.metric("kvserve:prefix_cache_queries_total") > live.metric("kvserve:prefix_cache_hits_total")
 
 
 def test_chinese_and_emoji_stream_without_broken_characters(live):
@@ -136,8 +157,22 @@ def test_metrics_count_tokens_and_finished_requests(live):
     text = httpx.get(live.url + "/metrics").text
     for name in ("kvserve:time_to_first_token_seconds_bucket", "kvserve:inter_token_latency_seconds_count",
                  "kvserve:e2e_request_latency_seconds_sum", "kvserve:request_queue_time_seconds_count",
-                 "kvserve:kv_cache_usage_perc", "kvserve:num_requests_waiting", "kvserve:prompt_tokens_total"):
+                 "kvserve:kv_cache_usage_perc", "kvserve:num_requests_waiting", "kvserve:prompt_tokens_total",
+                 "kvserve:prefix_cache_queries_total", "kvserve:prefix_cache_hits_total",
+                 "kvserve:num_preemptions_total"):
         assert name in text, name
+
+
+def test_metric_label_children_are_bound_once_not_per_token(live, monkeypatch):
+    from prometheus_client.metrics import MetricWrapperBase
+
+    generate(live, "To be", max_new_tokens=3)  # every child this path needs exists by now
+    calls = []
+    real = MetricWrapperBase.labels
+    monkeypatch.setattr(MetricWrapperBase, "labels", lambda self, *a, **k: calls.append(self) or real(self, *a, **k))
+    stream(live, "To be", max_new_tokens=20, ignore_eos=True)
+    generate(live, "To be", max_new_tokens=20, ignore_eos=True)
+    assert calls == [], f"{len(calls)} label lookups for 40 tokens"
 
 
 def test_a_character_split_over_byte_tokens_streams_whole(live, monkeypatch):

@@ -95,3 +95,20 @@ def test_work_run_between_steps_hands_back_its_error_and_the_engine_keeps_servin
     assert isinstance(failing.exception(timeout=60), ZeroDivisionError)
     assert live.engine.run_between_steps(lambda: "done").result(timeout=60) == "done"
     assert post_generate(live, max_new_tokens=3)["generated_text"] is not None
+
+
+def test_the_payload_is_built_off_the_event_loop(live, monkeypatch):
+    import threading
+
+    import server.api.attention_view as view
+
+    threads, real = [], view._payload
+
+    def recording(*args):
+        threads.append(threading.current_thread())
+        return real(*args)
+
+    monkeypatch.setattr(view, "_payload", recording)
+    post_generate(live, max_new_tokens=4, return_attention=True)
+    assert len(threads) == 1
+    assert threads[0] is not threading.main_thread() and threads[0].name != "kvserve-engine", threads[0].name
