@@ -18,7 +18,7 @@ from model.checkpoint import DEFAULT_CHECKPOINT, load_model, load_tokenizer
 from model.device import resolve_device, resolve_dtype
 from model.gpt import GPT
 from model.kv_cache import PagedKVCache, StepBatch
-from model.sampling import SamplingBatch, SamplingParams, sample
+from model.sampling import Penalties, SamplingBatch, SamplingParams, sample
 from model.text import OutputText
 from model.tokenizer import Tokenizer
 
@@ -91,11 +91,11 @@ def generate(model: GPT, tokenizer: Tokenizer, prompt: str | list[int], params: 
     cache, blocks = sequence_cache(model, len(ids) + params.max_new_tokens)
     logits = prefill(model, cache, ids, blocks) if use_cache else recompute(model, cache, ids, blocks)
     output = OutputText(tokenizer, params)
-    seen = torch.zeros((1, model.config.vocab_size), dtype=torch.bool, device=device) if params.penalized else None
-    if seen is not None:
-        seen[0, ids] = True
+    num_prompt = len(ids)
     while True:
-        batch = SamplingBatch.from_params([params], [seed], [output.num_tokens], device, seen)
+        penalties = Penalties.for_sequence(params, ids, num_prompt, model.config.vocab_size, device) \
+            if params.penalized else None
+        batch = SamplingBatch.from_params([params], [seed], [output.num_tokens], device, penalties)
         token, logprob = sample(logits, batch)
         token_id = int(token[0])
         text = output.push(token_id)
@@ -103,8 +103,6 @@ def generate(model: GPT, tokenizer: Tokenizer, prompt: str | list[int], params: 
         if output.finish_reason is not None:
             return
         ids.append(token_id)
-        if seen is not None:
-            seen[0, token_id] = True
         if use_cache:
             logits = decode_one_token(model, cache, token_id, len(ids) - 1, blocks)
         else:

@@ -22,20 +22,35 @@ class SamplingError(ValueError):
     """Sampling parameters out of range."""
 
 
+MAX_LOGPROBS = 20  # top alternatives a row may ask for, as OpenAI's and vLLM's default limit
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    max_new_tokens: int = 64
+    max_new_tokens: int = 64  # 0 only with prompt_logprobs: score the prompt, generate nothing
     temperature: float = 1.0  # below GREEDY_BELOW (0 included) means greedy
     top_k: int = 0  # 0 means off
     top_p: float = 1.0  # 1 means off
     repetition_penalty: float = 1.0  # 1 means off (CTRL / Hugging Face semantics, prompt and output tokens)
+    presence_penalty: float = 0.0  # OpenAI's: minus this from a token's logit once it has been generated
+    frequency_penalty: float = 0.0  # OpenAI's: minus this times the number of times it has been generated
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit) pairs
     seed: int | None = None  # None: the engine draws one (a sampled request is still reproducible from it)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: int = 0  # top alternatives (and their logprobs) reported for each generated token
+    prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob and its top k alternatives
 
     def __post_init__(self) -> None:
         checks = [
-            ("max_new_tokens", self.max_new_tokens >= 1, "must be >= 1"),
+            ("max_new_tokens", self.max_new_tokens >= 1 or (self.max_new_tokens == 0 and self.prompt_logprobs is not None),
+             "must be >= 1 (0 only when scoring the prompt)"),
+            ("presence_penalty", math.isfinite(self.presence_penalty), "must be finite"),
+            ("frequency_penalty", math.isfinite(self.frequency_penalty), "must be finite"),
+            ("logit_bias", all(math.isfinite(b) for _, b in self.logit_bias), "values must be finite"),
+            ("logprobs", 0 <= self.logprobs <= MAX_LOGPROBS, f"must be in [0, {MAX_LOGPROBS}]"),
+            ("prompt_logprobs", self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+             f"must be in [0, {MAX_LOGPROBS}]"),
             ("temperature", math.isfinite(self.temperature) and self.temperature >= 0, "must be finite and >= 0"),
             ("top_k", self.top_k >= 0, "must be >= 0"),
             ("top_p", math.isfinite(self.top_p) and 0 < self.top_p <= 1, "must be in (0, 1]"),
@@ -54,7 +69,9 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        return self.repetition_penalty != 1.0
+        """Whether its logits are changed before the pick (so the greedy fast path cannot pick for it)."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or bool(self.logit_bias))
 
 
 def uniform_draws(seeds: np.ndarray, indices: np.ndarray) -> np.ndarray:
@@ -77,15 +94,13 @@ class SamplingBatch:
     uniform: torch.Tensor  # (R,) float64, each row's draw for the token it samples now
     sampled_rows: torch.Tensor | None  # (s,) int64 rows that sample; None: every row is greedy
     filtered: bool  # some sampled row has top_k or top_p on
-    repetition_penalty: torch.Tensor | None = None  # (R,) float32; None: no row has one
-    seen: torch.Tensor | None = None  # (R, V) bool, tokens in each penalized row's prompt or output
+    penalties: "Penalties | None" = None  # None: no row has one
 
     @classmethod
     def from_params(cls, params: list[SamplingParams], seeds: list[int], indices: list[int],
-                    device: torch.device | str = "cpu", seen: torch.Tensor | None = None) -> "SamplingBatch":
+                    device: torch.device | str = "cpu", penalties: "Penalties | None" = None) -> "SamplingBatch":
         """From per-row params (the engine fills preallocated tensors instead; generate() and tests use this)."""
         sampled = [i for i, p in enumerate(params) if not p.greedy]
-        penalized = any(p.penalized for p in params)
         return cls(
             temperature=torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device),
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
@@ -94,9 +109,51 @@ class SamplingBatch:
                                                    np.array(indices, dtype=np.uint64))).to(device),
             sampled_rows=torch.tensor(sampled, dtype=torch.long, device=device) if sampled else None,
             filtered=any(0 < params[i].top_k or params[i].top_p < 1 for i in sampled),
-            repetition_penalty=torch.tensor([p.repetition_penalty for p in params], device=device)
-            if penalized else None,
-            seen=seen if penalized else None)
+            penalties=penalties if any(p.penalized for p in params) else None)
+
+
+@dataclass
+class Penalties:
+    """What the logits of a step's R rows are changed by before the pick (each a no-op at its default)."""
+
+    repetition: torch.Tensor  # (R,) float32, 1 = off
+    presence: torch.Tensor  # (R,) float32, 0 = off
+    frequency: torch.Tensor  # (R,) float32, 0 = off
+    seen: torch.Tensor  # (R, V) bool: tokens in the row's prompt or output (the repetition penalty's)
+    counts: torch.Tensor  # (R, V) float32: times each token was generated (presence and frequency)
+    bias: torch.Tensor | None = None  # (R, V) float32 added to the logits; None: no row has a logit_bias
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits: (R, V). Repetition (CTRL), then presence and frequency (OpenAI), then the bias."""
+        scores = apply_repetition_penalty(logits, self.seen, self.repetition)  # (R, V)
+        scores = scores - self.presence[:, None] * (self.counts > 0) - self.frequency[:, None] * self.counts
+        return scores + self.bias if self.bias is not None else scores
+
+    @classmethod
+    def for_sequence(cls, params: SamplingParams, token_ids: list[int], num_prompt: int, vocab_size: int,
+                     device: torch.device | str = "cpu") -> "Penalties":
+        """One row's, from its tokens so far (generate() and tests; the engine keeps them per row)."""
+        seen = torch.zeros((1, vocab_size), dtype=torch.bool, device=device)
+        seen[0, torch.tensor(token_ids, device=device)] = True
+        counts = torch.zeros((1, vocab_size), device=device)
+        if len(token_ids) > num_prompt:
+            counts[0].index_add_(0, torch.tensor(token_ids[num_prompt:], device=device),
+                                 torch.ones(len(token_ids) - num_prompt, device=device))
+        return cls(torch.tensor([params.repetition_penalty], device=device),
+                   torch.tensor([params.presence_penalty], device=device),
+                   torch.tensor([params.frequency_penalty], device=device), seen, counts,
+                   bias_rows([params], vocab_size, device))
+
+
+def bias_rows(params: list[SamplingParams], vocab_size: int, device: torch.device | str) -> torch.Tensor | None:
+    """(R, V) float32 of each row's logit_bias, or None when no row has one."""
+    if not any(p.logit_bias for p in params):
+        return None
+    bias = torch.zeros((len(params), vocab_size), device=device)
+    for row, p in enumerate(params):
+        for token, value in p.logit_bias:
+            bias[row, token] += value
+    return bias
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
@@ -139,9 +196,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, logsumexp: torch.Tensor |
     unmodified distribution. logsumexp: (R,) each row's, if the caller has it already."""
     logits = logits.float()
     lse = torch.logsumexp(logits, dim=-1) if logsumexp is None else logsumexp  # (R,)
-    scores = logits
-    if batch.repetition_penalty is not None:
-        scores = apply_repetition_penalty(scores, batch.seen, batch.repetition_penalty)
+    scores = logits if batch.penalties is None else batch.penalties.apply(logits)  # (R, V)
     tokens = scores.argmax(dim=-1)  # (R,): greedy for every row; sampled rows overwritten below
     if batch.sampled_rows is not None:
         rows = batch.sampled_rows
@@ -151,3 +206,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, logsumexp: torch.Tensor |
         tokens[rows] = pick_by_inverse_cdf(scaled, batch.uniform[rows])
     logprobs = logits.gather(1, tokens[:, None])[:, 0] - lse  # (R,)
     return tokens, logprobs
+
+
+def top_logprobs(logits: torch.Tensor, lse: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k most likely tokens of each row under the unmodified distribution: ids (R, k), logprobs (R, k)."""
+    values, ids = logits.topk(k, dim=-1)  # (R, k), best first
+    return ids, values - lse[:, None]

@@ -205,10 +205,10 @@ class ExactModel:
 
 
 def greedy(logits: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
-    """Per row of float32 (R, V) logits: out (R, 3) float64 gets the first index of the largest logit,
+    """Per row of float32 (R, V) logits: out (R, >= 3) float64 gets the first index of the largest logit,
     its logprob and 1 if the row is finite; lse (R,) float32 gets log(sum(exp)). Each row in one fixed
     order (csrc/sampling.cpp)."""
-    _lib.kv_greedy(logits.data_ptr(), logits.shape[0], logits.shape[1], out.data_ptr(), lse.data_ptr())
+    _lib.kv_greedy(logits.data_ptr(), logits.shape[0], logits.shape[1], out.data_ptr(), out.stride(0), lse.data_ptr())
 
 
 EXACT_HEAD_DIMS = (8, 16, 32, 64, 128)

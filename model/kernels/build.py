@@ -34,7 +34,7 @@ SIGNATURES = {
     "kv_linear": ([I32, P, I64, I64, P, P, P, I64, I32, P, P, P, F32], I32),
     "kv_embed": ([I32, P, P, I64, P, P, I64, P], I32),
     "kv_forward": ([P, P, I64, P, P, I64, P, I64, P, P, P, I64, P, P], I32),
-    "kv_greedy": ([P, I64, I64, P, P], None),
+    "kv_greedy": ([P, I64, I64, P, I64, P], None),
     "kv_paged_attention": ([I32, P, I64, I64, I64, P, I64, P, I64, P, P, P, I64, P, F32, P], I32),
 }
 

@@ -55,8 +55,8 @@ class BlockManager:
     def cached_prefix(self, req: Request) -> list[int]:
         """Blocks holding the longest cached prefix of the request's tokens. They never cover its last
         token, which is always computed (its logits are the next token's)."""
-        if not self.enable_prefix_caching or not req.use_cache:
-            return []
+        if not self.enable_prefix_caching or not req.use_cache or req.params.prompt_logprobs is not None:
+            return []  # (a request that scores its prompt computes every position)
         bs, hits = self.block_size, []
         for i, key in enumerate(self.block_hashes(req, (req.num_tokens - 1) // bs)):
             block = self.cached.get(key)

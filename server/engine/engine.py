@@ -34,9 +34,9 @@ from model.sampling import SamplingParams
 from model.tokenizer import Tokenizer
 from server.engine.block_manager import BlockManager
 from server.engine.config import EngineConfig
-from server.engine.model_runner import ModelRunner, Sampled
+from server.engine.model_runner import ModelRunner, StepResult
 from server.engine.output_processor import OutputProcessor
-from server.engine.request import FINISH_ABORT, FINISH_ERROR, Request, Sink, TokenOutput
+from server.engine.request import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, Request, Sink, TokenOutput
 from server.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 
 log = logging.getLogger("kvserve.engine")
@@ -167,21 +167,47 @@ class Engine:
                request_id: str | None = None, cache_salt: str | None = None) -> str:
         """Queues a request; `sink` gets its TokenOutputs on the engine thread and must not block.
         Raises PromptError (prompt too long, empty...), QueueFullError, EngineStoppedError at once."""
+        self._check(prompt_ids, params)
+        return self._enqueue([self._request(prompt_ids, params, sink, use_cache, request_id, cache_salt)])[0]
+
+    def submit_copies(self, prompt_ids: list[int], params: list[SamplingParams], sinks: list[Sink], *,
+                      use_cache: bool = True, cache_salt: str | None = None) -> list[str]:
+        """Several requests for one prompt (OpenAI's n and best_of): the first reads the prompt, the others
+        wait until its keys and values are in the prefix cache and take them from there. All or none
+        are queued."""
+        for p in params:
+            self._check(prompt_ids, p, copies=len(params))
+        reqs = [self._request(prompt_ids, p, sink, use_cache, None, cache_salt) for p, sink in zip(params, sinks)]
+        if use_cache and self.config.enable_prefix_caching and params[0].prompt_logprobs is None:
+            for req in reqs[1:]:
+                req.wait_for = reqs[0]
+        return self._enqueue(reqs)
+
+    def _check(self, prompt_ids: list[int], params: SamplingParams, copies: int = 1) -> None:
+        """The prompt fits the context and, with `copies` sharing its blocks, the KV cache."""
         check_prompt(prompt_ids, params.max_new_tokens, self.context_length, self.model_config.vocab_size)
-        needed = self.blocks.blocks_for(len(prompt_ids) + params.max_new_tokens)
+        prompt_blocks = self.blocks.blocks_for(len(prompt_ids))
+        own = self.blocks.blocks_for(len(prompt_ids) + params.max_new_tokens) - prompt_blocks + 1  # + the last one
+        needed = prompt_blocks + copies * own - (1 if copies else 0)
         if needed > self.blocks.num_blocks:
-            raise PromptError(f"prompt + max_new_tokens need {needed} KV-cache blocks; the cache has "
+            many = f"{copies} copies of " if copies > 1 else ""
+            raise PromptError(f"{many}prompt + max_new_tokens need {needed} KV-cache blocks; the cache has "
                               f"{self.blocks.num_blocks} (--kv-cache-memory)")
+
+    def _request(self, prompt_ids, params, sink, use_cache, request_id, cache_salt) -> Request:
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         req = Request(prompt_ids, params, seed, sink, use_cache=use_cache, cache_salt=cache_salt,
                       request_id=request_id)
         self.outputs.start(req)
+        return req
+
+    def _enqueue(self, reqs: list[Request]) -> list[str]:
         with self._wakeup:  # the same lock shutdown takes to set _stopping: a request is refused or drained
             if self._stopping or not self._admitting:
                 raise EngineStoppedError("the server is shutting down and takes no new requests")
-            self.scheduler.add(req)
+            self.scheduler.add_all(reqs)
             self._wakeup.notify()
-        return req.request_id
+        return [r.request_id for r in reqs]
 
     def stream(self, prompt_ids: list[int], params: SamplingParams, *, use_cache: bool = True,
                request_id: str | None = None, cache_salt: str | None = None) -> RequestStream:
@@ -319,31 +345,41 @@ class Engine:
         events = [(req, self.outputs.end(req, FINISH_ABORT)) for req in sched.aborted]
         if sched.num_tokens:
             try:
-                sampled = self.runner.execute(sched)
+                result = self.runner.execute(sched)
             except Exception:
                 log.exception("batched step failed; rerunning its requests one by one")
-                sampled = self._execute_one_by_one(sched, events)
-            self._update(sched, sampled, events)
+                result = self._execute_one_by_one(sched, events)
+            self._update(sched, result, events)
         self._deliver(events)
         return sched
 
-    def _execute_one_by_one(self, sched: SchedulerOutput, events: list) -> list[Sampled]:
+    def _execute_one_by_one(self, sched: SchedulerOutput, events: list) -> StepResult:
         """Isolates the request that broke a batch: it alone fails, the others go on. A rerun samples
         what the batch would have (each draw depends on the request's seed and token index only)."""
-        sampled: list[Sampled] = []
+        merged = StepResult([], {})
         for req, n in sched.num_tokens.items():
             try:
-                sampled += self.runner.execute(SchedulerOutput(num_tokens={req: n}))
+                result = self.runner.execute(SchedulerOutput(num_tokens={req: n}))
             except Exception as e:
                 self._fail(req, f"{type(e).__name__}: {e}", events)
-        return sampled
+                continue
+            merged.sampled += result.sampled
+            merged.prompt_logprobs.update(result.prompt_logprobs)
+        return merged
 
-    def _update(self, sched: SchedulerOutput, sampled: list[Sampled], events: list) -> None:
+    def _update(self, sched: SchedulerOutput, result: StepResult, events: list) -> None:
+        for req, entries in result.prompt_logprobs.items():
+            have = len(req.prompt_logprobs)  # a resumed request computes its prompt again: keep the first
+            req.prompt_logprobs += [e for e in entries if e.position > have]
         for req, n in sched.num_tokens.items():
-            if not req.finished:
-                req.num_computed += n
-                self.blocks.register_full_blocks(req)
-        for s in sampled:
+            if req.finished:
+                continue
+            req.num_computed += n
+            self.blocks.register_full_blocks(req)
+            if req.params.max_new_tokens == 0 and req.num_computed >= req.num_prompt_tokens:
+                self.scheduler.finish(req)  # the prompt is scored: nothing to generate
+                events.append((req, self.outputs.end(req, FINISH_LENGTH)))
+        for s in result.sampled:
             req = s.request
             if req.finished:
                 continue
@@ -351,7 +387,7 @@ class Engine:
                 self._fail(req, s.error, events)
                 continue
             try:
-                out = self.outputs.append(req, s.token_id, s.logprob)
+                out = self.outputs.append(req, s.token_id, s.logprob, s.top)
             except Exception as e:
                 self._fail(req, f"{type(e).__name__}: {e}", events)
                 continue

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from model import kernels
 from model.gpt import GPT
 from model.kv_cache import PagedKVCache, StepBatch
-from model.sampling import SamplingBatch, sample, uniform_draws
+from model.sampling import top_logprobs
 from server.engine.input_buffers import InputBuffers
-from server.engine.request import Request
+from server.engine.request import PromptLogprob, Request
+from server.engine.sampler import RESULT_COLUMNS, Sampler
 from server.engine.scheduler import SchedulerOutput
 
 log = logging.getLogger("kvserve.runner")
@@ -34,6 +34,13 @@ class Sampled:
     token_id: int  # the token sampled for it
     logprob: float  # its log-probability under the model's unmodified distribution
     error: str | None = None  # set when this row's logits were unusable (NaN, inf): the token means nothing
+    top: list[tuple[int, float]] | None = None  # the most likely tokens and their logprobs, when asked for
+
+
+@dataclass
+class StepResult:
+    sampled: list[Sampled]  # one per request that reached the end of its tokens and generates
+    prompt_logprobs: dict[Request, list[PromptLogprob]]  # per request that asked: its prompt positions this step
 
 
 class ModelRunner:
@@ -46,11 +53,8 @@ class ModelRunner:
         self._rows: dict[Request, int] = {}
         self._free_rows = list(range(max_num_seqs - 1, -1, -1))
         self._row_blocks = np.zeros(max_num_seqs, dtype=np.int64)  # block ids written to each row's table
-        self._seen: torch.Tensor | None = None  # (rows, V) bool, made when a penalized request first arrives
-        self._exact = model.kernels == "exact"
-        self._results = torch.zeros((max_num_seqs, 3), dtype=torch.float64, device=self.device)
-        self._lse_out = torch.zeros(max_num_seqs, dtype=torch.float32, device=self.device)
-        self._num_sampled, self._penalized, self._filtered, self._all_rows_sample = 0, False, False, False
+        self.sampler = Sampler(max_num_seqs, self.vocab_size, self.device, exact=model.kernels == "exact")
+        self._all_rows_sample = False
         self._allocate(max(max_num_batched_tokens, model.config.n_positions))
 
     def _allocate(self, max_tokens: int) -> None:
@@ -61,7 +65,8 @@ class ModelRunner:
         self.buffers = InputBuffers({
             "block_tables": (np.int32, (R, self.max_blocks)),  # persistent: per row
             "temperature": (np.float32, (R,)), "top_k": (np.int64, (R,)), "top_p": (np.float32, (R,)),
-            "repetition_penalty": (np.float32, (R,)),
+            "repetition_penalty": (np.float32, (R,)), "presence_penalty": (np.float32, (R,)),
+            "frequency_penalty": (np.float32, (R,)),
             "token_ids": (np.int64, (max_tokens,)), "positions": (np.int64, (max_tokens,)),
             "slot_mapping": (np.int64, (max_tokens,)),
             "query_start": (np.int32, (R + 1,)), "seq_lens": (np.int32, (R,)), "seq_rows": (np.int32, (R,)),
@@ -69,9 +74,9 @@ class ModelRunner:
             "sampled_idx": (np.int64, (R,)),
         }, self.device)
         if previous is not None:
-            for name in ("block_tables", "temperature", "top_k", "top_p", "repetition_penalty"):
+            for name in ("block_tables", "temperature", "top_k", "top_p", "repetition_penalty", "presence_penalty",
+                         "frequency_penalty"):
                 self.buffers.host[name][...] = previous.host[name]
-        self._seeds = getattr(self, "_seeds", np.zeros(R, dtype=np.uint64))
 
     # ---- rows -------------------------------------------------------------------------------------
 
@@ -82,13 +87,7 @@ class ModelRunner:
         if row is None:
             row = self._rows[req] = self._free_rows.pop()
             self._row_blocks[row] = 0
-            p = req.params
-            host["temperature"][row] = 1.0 if p.greedy else min(p.temperature, 1e30)  # inf and 1e30: uniform alike
-            host["top_k"][row], host["top_p"][row] = p.top_k, p.top_p
-            host["repetition_penalty"][row] = p.repetition_penalty
-            self._seeds[row] = req.seed
-            if p.penalized:
-                self._remember_tokens(row, req.token_ids)
+            self.sampler.add_row(row, req, host)
         have, need = self._row_blocks[row], len(req.block_ids)
         if need > have:
             host["block_tables"][row, have:need] = req.block_ids[have:]
@@ -100,12 +99,6 @@ class ModelRunner:
         row = self._rows.pop(req, None)
         if row is not None:
             self._free_rows.append(row)
-
-    def _remember_tokens(self, row: int, token_ids: list[int]) -> None:
-        if self._seen is None:
-            self._seen = torch.zeros((self.max_rows, self.vocab_size), dtype=torch.bool, device=self.device)
-        self._seen[row] = False
-        self._seen[row, torch.tensor(token_ids, device=self.device)] = True
 
     # ---- one step ---------------------------------------------------------------------------------
 
@@ -122,7 +115,7 @@ class ModelRunner:
                 ids.append(req.token_ids[start])
             else:
                 ids += req.token_ids[start:start + n]
-            if start + n == req.num_tokens:
+            if start + n == req.num_tokens and req.params.max_new_tokens > 0:
                 sampling.append(i)
         S, N = len(rows), len(ids)
         if N > self.max_tokens:
@@ -152,18 +145,12 @@ class ModelRunner:
             sample_reqs = [req for i, req in enumerate(sched.num_tokens) if i in chosen]
         R = len(sample_reqs)
         self._all_rows_sample = R == N
+        self._plan = None
         if R:
             host["logits_rows"][:R] = query_start[1:][sampling] - 1
             host["sample_rows"][:R] = host["seq_rows"][:S][sampling]
-            sampled = [i for i, r in enumerate(sample_reqs) if not r.params.greedy]
-            self._num_sampled = len(sampled)
-            self._penalized = any(r.params.penalized for r in sample_reqs)
-            if sampled:
-                host["sampled_idx"][:len(sampled)] = sampled
-                indices = np.array([r.num_output_tokens for r in sample_reqs], dtype=np.uint64)
-                host["uniform"][:R] = uniform_draws(self._seeds[host["sample_rows"][:R]], indices)
-                self._filtered = any(sample_reqs[i].params.top_k > 0 or sample_reqs[i].params.top_p < 1
-                                     for i in sampled)
+            self._plan = self.sampler.plan(sample_reqs, host)
+        self._prompt_scoring = self._plan_prompt_logprobs(sched, starts, query_start)
         self.buffers.upload()
         t = self.buffers.tensors
         step = StepBatch(t["token_ids"], t["positions"], t["slot_mapping"], t["query_start"], t["seq_lens"],
@@ -171,43 +158,61 @@ class ModelRunner:
                          int(seq_lens.max()) if S else 0)
         return step, sample_reqs
 
+    def _plan_prompt_logprobs(self, sched: SchedulerOutput, starts: list[int], query_start: np.ndarray):
+        """For requests that asked for prompt logprobs: the step rows whose logits score a prompt token
+        (position p's logits give token p + 1's logprob), as (rows, targets, owners)."""
+        rows, targets, owners = [], [], []
+        for i, (req, n) in enumerate(sched.num_tokens.items()):
+            if req.params.prompt_logprobs is None:
+                continue
+            start, end = starts[i], min(starts[i] + n, req.num_prompt_tokens - 1)
+            if start >= end:
+                continue
+            first = int(query_start[i])
+            rows += range(first, first + end - start)
+            targets += req.token_ids[start + 1:end + 1]
+            owners.append((req, start + 1, end - start))  # positions start + 1 .. end are scored
+        return (rows, targets, owners) if rows else None
+
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> list[Sampled]:
+    def execute(self, sched: SchedulerOutput) -> StepResult:
         step, reqs = self.prepare(sched)
         hidden = self.model.forward_step(step, self.cache)  # (N, C)
+        prompt_logprobs = self._score_prompts(hidden) if self._prompt_scoring else {}
         R = len(reqs)
         if not R:
-            return []
+            return StepResult([], prompt_logprobs)
         t = self.buffers.tensors
         rows = hidden if self._all_rows_sample else hidden[t["logits_rows"][:R]]  # (R, C)
         logits = self.model.compute_logits(rows)  # (R, V) float32
-        values = self._sample(logits, t, R).tolist()  # the one copy back: (R, 3) token, logprob, finite
-        return [Sampled(req, int(tok), lp, None if ok else NON_FINITE) for req, (tok, lp, ok) in zip(reqs, values)]
+        values = self.sampler.sample(logits, self._plan, t).tolist()  # the one copy back
+        k = self._plan.top_k
+        sampled = []
+        for req, row in zip(reqs, values):
+            top = list(zip(map(int, row[RESULT_COLUMNS:RESULT_COLUMNS + k]), row[RESULT_COLUMNS + k:]))
+            sampled.append(Sampled(req, int(row[0]), row[1], None if row[2] else NON_FINITE,
+                                   top[:req.params.logprobs] if req.params.logprobs else None))
+        return StepResult(sampled, prompt_logprobs)
 
-    def _sample(self, logits: torch.Tensor, t: dict[str, torch.Tensor], R: int) -> torch.Tensor:
-        """(R, 3) float64: each row's token, its logprob and 1 if its logits were finite."""
-        out, lse = self._results[:R], self._lse_out[:R]
-        if self._exact:
-            kernels.greedy(logits, out, lse)  # every row's argmax and normalizer, in one pass
-        else:
-            torch.logsumexp(logits, dim=-1, out=lse)  # row-invariant on the CPU (tests/model/test_kernels.py)
-            greedy = logits.argmax(dim=-1)  # (R,)
-            out[:, 0] = greedy
-            out[:, 1] = logits.gather(1, greedy[:, None])[:, 0] - lse
-            out[:, 2] = lse.isfinite()
-        if not (self._num_sampled or self._penalized):
-            return out
-        rows = t["sample_rows"][:R]
-        penalty = t["repetition_penalty"][rows] if self._penalized else None  # (R,)
-        batch = SamplingBatch(
-            temperature=t["temperature"][rows], top_k=t["top_k"][rows], top_p=t["top_p"][rows],
-            uniform=t["uniform"][:R], sampled_rows=t["sampled_idx"][:self._num_sampled] if self._num_sampled else None,
-            filtered=self._filtered, repetition_penalty=penalty, seen=self._seen[rows] if self._penalized else None)
-        broken = out[:, 2] == 0  # (R,): such a row fails its request, not the batch
-        logits = logits.masked_fill(broken[:, None], 0.0)
-        tokens, logprobs = sample(logits, batch, torch.where(broken, float(np.log(self.vocab_size)), lse))
-        out[:, 0], out[:, 1] = tokens, logprobs
-        if penalty is not None:
-            keep = penalty != 1.0  # (R,)
-            self._seen[rows[keep], tokens[keep]] = True  # the sampled token joins the history for the next step
+    def _score_prompts(self, hidden: torch.Tensor) -> dict[Request, list[PromptLogprob]]:
+        """The logprob of each prompt token the step's rows predict (and the top alternatives), for the
+        requests that asked: from the same forward, their rows' logits, (P, V) for P scored positions."""
+        rows, targets, owners = self._prompt_scoring
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])  # (P, V)
+        lse = torch.logsumexp(logits, dim=-1)  # (P,)
+        target = torch.tensor(targets, device=self.device)  # (P,)
+        chosen = logits.gather(1, target[:, None])[:, 0] - lse  # (P,)
+        k = max(req.params.prompt_logprobs for req, _, _ in owners)
+        columns = [chosen[:, None].double()]
+        if k:
+            ids, values = top_logprobs(logits, lse, k)  # (P, k)
+            columns += [ids.double(), values.double()]
+        table = torch.cat(columns, dim=1).tolist()  # (P, 1 + 2k)
+        out, at = {}, 0
+        for req, first, count in owners:
+            want = req.params.prompt_logprobs
+            out[req] = [PromptLogprob(first + j, targets[at + j], table[at + j][0],
+                                      list(zip(map(int, table[at + j][1:1 + want]), table[at + j][1 + k:1 + k + want]))
+                                      if want else None) for j in range(count)]
+            at += count
         return out

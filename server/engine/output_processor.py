@@ -20,8 +20,11 @@ class OutputProcessor:
     def start(self, req: Request) -> None:
         req.output = OutputText(self.tokenizer, req.params)
 
-    def append(self, req: Request, token_id: int, logprob: float) -> TokenOutput:
-        """Records a sampled token and returns its event; sets finish_reason on the last one."""
+    def append(self, req: Request, token_id: int, logprob: float,
+               top: list[tuple[int, float]] | None = None) -> TokenOutput:
+        """Records a sampled token and returns its event; sets finish_reason on the last one. The first
+        event carries the prompt's logprobs when the request asked for them."""
+        first = req.num_output_tokens == 0
         now = time.perf_counter()
         if req.num_output_tokens == 0:
             req.stats.first_token = now
@@ -31,14 +34,20 @@ class OutputProcessor:
         req.stats.generated_tokens = req.num_output_tokens
         return TokenOutput(req.request_id, req.num_output_tokens, token_id, text, logprob,
                            token_id in self._special_ids, req.finish_reason,
-                           stats=self._finish_stats(req, now) if req.finish_reason else None, time=now)
+                           stats=self._finish_stats(req, now) if req.finish_reason else None, time=now,
+                           top_logprobs=top, prompt_logprobs=self._prompt_logprobs(req) if first else None)
 
     def end(self, req: Request, reason: str, error: str | None = None, error_type: str | None = None) -> TokenOutput:
         """The last event of a request stopped from outside: abort (cancelled) or error."""
         req.finish_reason = reason
         now = time.perf_counter()
         return TokenOutput(req.request_id, 0, None, "", 0.0, False, reason, error=error, error_type=error_type,
-                           stats=self._finish_stats(req, now), time=now)
+                           stats=self._finish_stats(req, now), time=now,
+                           prompt_logprobs=self._prompt_logprobs(req) if req.num_output_tokens == 0 else None)
+
+    @staticmethod
+    def _prompt_logprobs(req: Request):
+        return list(req.prompt_logprobs) if req.params.prompt_logprobs is not None else None
 
     @staticmethod
     def _finish_stats(req: Request, now: float) -> RequestStats:

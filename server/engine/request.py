@@ -72,10 +72,22 @@ class TokenOutput:
     error_type: str | None = None  # what kind of error: generation (default), shutdown, timeout
     stats: RequestStats | None = None  # on the last event
     time: float = field(default_factory=time.perf_counter)
+    top_logprobs: list[tuple[int, float]] | None = None  # the most likely tokens here, when asked for
+    prompt_logprobs: list[PromptLogprob] | None = None  # on the first event, when asked for
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass
+class PromptLogprob:
+    """How likely the model found one prompt token, given the tokens before it."""
+
+    position: int  # its position in the prompt (1 or more: the first token has no context)
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] | None  # the most likely tokens at that position, when asked for
 
 
 Sink = Callable[[TokenOutput], None]
@@ -101,6 +113,8 @@ class Request:
         self.stats = RequestStats(prompt_tokens=len(prompt_ids), use_cache=use_cache,
                                   seed=None if params.greedy else seed)
         self.output = None  # the output processor's per-request state
+        self.prompt_logprobs: list[PromptLogprob] = []  # as computed, when the request asked for them
+        self.wait_for: Request | None = None  # admitted only once that request's prompt is in the cache
 
     @property
     def num_tokens(self) -> int:

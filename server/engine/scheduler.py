@@ -96,13 +96,16 @@ class Scheduler:
         return bool(self.waiting or self.running or self._aborts)
 
     def add(self, req: Request) -> None:
-        """Queues a request. The queue holds up to `max_waiting` requests beyond the running places still
-        free (a new request waits for the next step even when one is free)."""
+        self.add_all([req])
+
+    def add_all(self, reqs: list[Request]) -> None:
+        """Queues requests, all or none. The queue holds up to `max_waiting` requests beyond the running
+        places still free (a new request waits for the next step even when one is free)."""
         with self._lock:
-            if len(self.waiting) >= self.max_waiting + max(0, self.max_num_seqs - len(self.running)):
+            if len(self.waiting) + len(reqs) > self.max_waiting + max(0, self.max_num_seqs - len(self.running)):
                 raise QueueFullError(f"the waiting queue is full (max {self.max_waiting} requests waiting, "
                                      f"{len(self.running)} running; --max-waiting); retry later")
-            self.waiting.append(req)
+            self.waiting.extend(reqs)
 
     def abort(self, request_id: str) -> None:
         with self._lock:
@@ -131,20 +134,28 @@ class Scheduler:
                     n = min(req.num_tokens - req.num_computed, budget)
                     out.num_tokens[req] = n
                     budget -= n
-            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:  # 3. admissions
-                req = self.waiting[0]
+            for req in list(self.waiting):  # 3. admissions, first come first served
+                if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                    break
+                if req.wait_for is not None and not self._prompt_cached(req.wait_for):
+                    continue  # a copy: it takes its prompt from the first copy's blocks once they are cached
                 if not req.use_cache and req.num_tokens > budget and out.num_tokens:
                     break  # a recompute is never split: it waits for a step with room
                 hits = self.blocks.cached_prefix(req)
                 if not self.blocks.can_admit(req, hits):
                     break
-                self.waiting.popleft()
+                self.waiting.remove(req)
                 self._admit(req, hits)
                 n = req.num_tokens - req.num_computed if not req.use_cache else min(
                     req.num_tokens - req.num_computed, budget)
                 out.num_tokens[req] = n
                 budget -= n
             return out
+
+    @staticmethod
+    def _prompt_cached(req: Request) -> bool:
+        """Whether the request's full prompt blocks are in the prefix cache, or will never be."""
+        return req.status != RequestStatus.RUNNING or req.num_computed >= req.num_prompt_tokens - 1
 
     def _admit(self, req: Request, hits: list[int]) -> None:
         self.blocks.admit(req, hits)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from model.generate import generate
-from model.sampling import (SamplingBatch, SamplingParams, apply_repetition_penalty, filter_top_k_top_p,
-                            pick_by_inverse_cdf, sample, uniform_draws)
+from model.sampling import (Penalties, SamplingBatch, SamplingParams, apply_repetition_penalty, bias_rows,
+                            filter_top_k_top_p, pick_by_inverse_cdf, sample, top_logprobs, uniform_draws)
 from model.text import StopMatcher
 
 M64 = 2**64 - 1
@@ -29,9 +29,9 @@ def test_draws_are_splitmix64_of_seed_and_index_in_the_unit_interval():
     assert ((0 <= draws) & (draws < 1)).all()
 
 
-def batch_of(params, seeds=None, indices=None, seen=None):
+def batch_of(params, seeds=None, indices=None, penalties=None):
     n = len(params)
-    return SamplingBatch.from_params(params, seeds or list(range(n)), indices or [0] * n, "cpu", seen)
+    return SamplingBatch.from_params(params, seeds or list(range(n)), indices or [0] * n, "cpu", penalties)
 
 
 def test_top_k_keeps_exactly_the_k_best():
@@ -59,6 +59,41 @@ def test_repetition_penalty_lowers_seen_tokens_of_either_sign():
     logits = torch.tensor([[2.0, -2.0, 1.0]])
     out = apply_repetition_penalty(logits, torch.tensor([[True, True, False]]), torch.tensor([2.0]))
     assert out.tolist() == [[1.0, -4.0, 1.0]]
+
+
+def test_presence_and_frequency_penalties_lower_a_logit_by_presence_plus_frequency_times_count():
+    torch.manual_seed(3)
+    logits = torch.randn(1, 12)
+    params = SamplingParams(temperature=0, presence_penalty=0.5, frequency_penalty=0.25)
+    history = [7, 2, 7, 7, 9]  # prompt: 7, 2; generated: 7, 7, 9 (only generated tokens count)
+    penalties = Penalties.for_sequence(params, history, num_prompt=2, vocab_size=12)
+    got = penalties.apply(logits)
+    expected = logits.clone()
+    for token, count in ((7, 2), (9, 1)):
+        expected[0, token] -= 0.5 + 0.25 * count
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+    assert torch.equal(got[0, [0, 1, 2, 3]], logits[0, [0, 1, 2, 3]]), "a token never generated is untouched"
+
+
+def test_a_logit_bias_of_100_forces_its_token():
+    torch.manual_seed(4)
+    logits = torch.randn(2, 50)
+    params = [SamplingParams(temperature=0, logit_bias=((13, 100.0),)),
+              SamplingParams(temperature=0.8, seed=1, logit_bias=((31, 100.0), (13, -100.0)))]
+    penalties = Penalties(torch.ones(2), torch.zeros(2), torch.zeros(2), torch.zeros(2, 50, dtype=torch.bool),
+                          torch.zeros(2, 50), bias_rows(params, 50, "cpu"))
+    tokens, logprobs = sample(logits, batch_of(params, penalties=penalties))
+    assert tokens.tolist() == [13, 31]
+    torch.testing.assert_close(logprobs, logits.log_softmax(-1).gather(1, tokens[:, None])[:, 0])  # unbiased
+
+
+def test_top_logprobs_are_the_k_best_of_the_unmodified_distribution():
+    torch.manual_seed(5)
+    logits = torch.randn(3, 40)
+    ids, values = top_logprobs(logits, torch.logsumexp(logits, -1), 4)
+    reference = logits.log_softmax(-1).topk(4, dim=-1)
+    assert torch.equal(ids, reference.indices)
+    torch.testing.assert_close(values, reference.values)
 
 
 def test_inverse_cdf_picks_each_token_with_its_probability():

@@ -16,7 +16,7 @@ import uvicorn
 
 from server.api.app import create_app
 from server.engine import Engine, EngineArgs, EngineConfig
-from server.engine.model_runner import ModelRunner
+from server.engine.sampler import Sampler
 from tests.conftest import TEST_DEVICE
 
 
@@ -156,23 +156,17 @@ def hook_sampling(monkeypatch, before=None, after=None) -> None:
     """Lets a test see (and break) the runner's sampling: before(requests, logits) may change the (R, V)
     logits in place or raise; after(requests, tokens) may change the (R,) sampled tokens in place (a
     float64 view of the step's results)."""
-    real_prepare, real_sample = ModelRunner.prepare, ModelRunner._sample
+    real = Sampler.sample
 
-    def prepare(self, sched):
-        step, reqs = real_prepare(self, sched)
-        self._hooked_requests = reqs
-        return step, reqs
-
-    def sample(self, logits, t, R):
+    def sample(self, logits, plan, t):
         if before is not None:
-            before(self._hooked_requests, logits)
-        results = real_sample(self, logits, t, R)  # (R, 3): token, logprob, finite
+            before(plan.requests, logits)
+        results = real(self, logits, plan, t)  # (R, 3 + 2K): token, logprob, finite, ...
         if after is not None:
-            after(self._hooked_requests, results[:, 0])
+            after(plan.requests, results[:, 0])
         return results
 
-    monkeypatch.setattr(ModelRunner, "prepare", prepare)
-    monkeypatch.setattr(ModelRunner, "_sample", sample)
+    monkeypatch.setattr(Sampler, "sample", sample)
 
 
 def blocks_free(engine: Engine) -> bool:

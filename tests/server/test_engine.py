@@ -9,6 +9,7 @@ import threading
 import pytest
 
 import server.engine.model_runner as model_runner
+import server.engine.sampler as sampler
 from model.generate import PromptError, generate
 from model.sampling import SamplingParams
 from server.engine import Engine, QueueFullError
@@ -169,14 +170,14 @@ def test_prompt_beyond_the_context_or_the_cache_is_refused(engine, tiny_model, t
 
 
 def test_a_failing_request_fails_alone(engine, tiny_tokenizer, monkeypatch):
-    real_sample = model_runner.sample
+    real_sample = sampler.sample
 
     def sample_that_breaks_on_temperature_0_5(logits, batch, *args):
         if (batch.temperature == 0.5).any():
             raise RuntimeError("boom")
         return real_sample(logits, batch, *args)
 
-    monkeypatch.setattr(model_runner, "sample", sample_that_breaks_on_temperature_0_5)
+    monkeypatch.setattr(sampler, "sample", sample_that_breaks_on_temperature_0_5)
     ps = prompts(tiny_tokenizer, 4)
     alone = [token_ids(engine.generate(p, GREEDY, timeout=60)) for p in ps]
     bad = (ps[0], SamplingParams(max_new_tokens=5, temperature=0.5, seed=13), True)

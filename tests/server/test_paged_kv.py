@@ -10,7 +10,7 @@ import torch
 
 from model.sampling import SamplingParams
 from server.engine import Engine
-from server.engine.model_runner import ModelRunner
+from server.engine.sampler import Sampler
 from tests.conftest import EXACT
 
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0, ignore_eos=True)
@@ -20,20 +20,14 @@ GREEDY = SamplingParams(max_new_tokens=10, temperature=0, ignore_eos=True)
 def recorded(monkeypatch):
     """Every logits row the runner samples from, by request id: {id: [(V,) tensors, one per step]}."""
     rows: dict[str, list[torch.Tensor]] = {}
-    real_prepare, real_sample = ModelRunner.prepare, ModelRunner._sample
+    real = Sampler.sample
 
-    def prepare(self, sched):
-        step, reqs = real_prepare(self, sched)
-        self._recorded_reqs = reqs
-        return step, reqs
-
-    def sample(self, logits, t, R):
-        for req, row in zip(self._recorded_reqs, logits):
+    def sample(self, logits, plan, t):
+        for req, row in zip(plan.requests, logits):
             rows.setdefault(req.request_id, []).append(row.clone())
-        return real_sample(self, logits, t, R)
+        return real(self, logits, plan, t)
 
-    monkeypatch.setattr(ModelRunner, "prepare", prepare)
-    monkeypatch.setattr(ModelRunner, "_sample", sample)
+    monkeypatch.setattr(Sampler, "sample", sample)
     return rows
 
 

@@ -4,7 +4,7 @@
 // padded with -inf; then hsum8's tree). A row's results depend on that row alone. NaN or +inf
 // anywhere, or no finite logit, makes lse non-finite: the caller fails that row's request.
 //
-// out (rows, 3) float64 gets what the engine copies back per row: the token, its logprob
+// out (rows, >= 3) float64, rows out_stride apart, gets what the engine copies back per row: the token, its logprob
 // (logit - lse, in float32 as torch computes it for a sampled row) and 1 if lse is finite.
 #include <cmath>
 #include <cstdint>
@@ -14,7 +14,7 @@
 
 extern "C" {
 
-void kv_greedy(const float* logits, int64_t rows, int64_t V, double* out, float* lse) {
+void kv_greedy(const float* logits, int64_t rows, int64_t V, double* out, int64_t out_stride, float* lse) {
   kv::ThreadPool::instance().run(rows, [&](int64_t r) {
     const float* x = logits + r * V;
     float best = -INFINITY;
@@ -24,11 +24,11 @@ void kv_greedy(const float* logits, int64_t rows, int64_t V, double* out, float*
       if (x[j] > best) best = x[j], at = j;
       nan |= std::isnan(x[j]);
     }
-    out[3 * r] = double(at);
+    out[out_stride * r] = double(at);
     if (nan || !std::isfinite(best)) {
       lse[r] = nan ? NAN : best;
-      out[3 * r + 1] = 0.0;
-      out[3 * r + 2] = 0.0;
+      out[out_stride * r + 1] = 0.0;
+      out[out_stride * r + 2] = 0.0;
       return;
     }
     const __m256 m = _mm256_set1_ps(best);
@@ -42,8 +42,8 @@ void kv_greedy(const float* logits, int64_t rows, int64_t V, double* out, float*
     }
     const float normalizer = best + std::log(kv::hsum8(sum));
     lse[r] = normalizer;
-    out[3 * r + 1] = double(best - normalizer);
-    out[3 * r + 2] = std::isfinite(normalizer) ? 1.0 : 0.0;
+    out[out_stride * r + 1] = double(best - normalizer);
+    out[out_stride * r + 2] = std::isfinite(normalizer) ? 1.0 : 0.0;
   });
 }
 
