@@ -4,6 +4,7 @@ The same layout `transformers`' `save_pretrained` writes for GPT-2, so directori
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -15,6 +16,7 @@ from model.tokenizer import Tokenizer
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "shakespeare-small"
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # optional: its chat_template serves /v1/chat/completions
 # Keys some GPT-2 exports carry that hold no parameters of ours: causal-mask buffers and the tied head.
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "lm_head.weight")
 
@@ -88,5 +90,17 @@ def load_model(
 
 
 def load_tokenizer(directory: str | Path | None = None) -> Tokenizer:
+    """The checkpoint's tokenizer, with the chat template of its tokenizer_config.json when it has one
+    (as `transformers` keeps it: a string, or a list of named templates whose 'default' is used)."""
     directory = Path(directory or DEFAULT_CHECKPOINT)
-    return Tokenizer.from_file(_require(directory, TOKENIZER_FILE))
+    tokenizer = Tokenizer.from_file(_require(directory, TOKENIZER_FILE))
+    config_path = directory / TOKENIZER_CONFIG_FILE
+    if config_path.is_file():
+        try:
+            template = json.loads(config_path.read_text()).get("chat_template")
+        except (json.JSONDecodeError, AttributeError) as e:
+            raise CheckpointError(f"{config_path} is not a JSON object: {e}") from e
+        if isinstance(template, list):
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        tokenizer.chat_template = template if isinstance(template, str) else None
+    return tokenizer

@@ -35,8 +35,9 @@ def _unicode_to_byte() -> dict[str, int]:
 class Tokenizer:
     """Wraps a `tokenizers.Tokenizer`; knows each token's exact bytes so streaming is lossless."""
 
-    def __init__(self, hf: HFTokenizer) -> None:
+    def __init__(self, hf: HFTokenizer, chat_template: str | None = None) -> None:
         self.hf = hf
+        self.chat_template = chat_template  # a Jinja template for chat messages (tokenizer_config.json), if any
         self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
         eos = hf.token_to_id(EOS_TOKEN)
         self.eos_token_id: int | None = eos

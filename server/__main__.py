@@ -79,6 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      help="most tokens one request may generate (default: what the context leaves)")
     lim.add_argument("--max-stop-sequences", type=_at_least(int, 0), default=4, help="stop strings per request")
     lim.add_argument("--max-stop-length", type=_at_least(int, 0), default=256, help="characters per stop string")
+    lim.add_argument("--max-n", type=_at_least(int, 0), default=16, help="choices per prompt (OpenAI's n)")
+    lim.add_argument("--max-best-of", type=_at_least(int, 0), default=16,
+                     help="sequences generated per prompt to pick from (best_of)")
+    lim.add_argument("--max-logprobs", type=_at_least(int, 0), default=20,
+                     help="alternatives per token (logprobs, top_logprobs, top_n_tokens; 20 at most)")
+    lim.add_argument("--max-prompts", type=_at_least(int, 0), default=64, help="prompts in one completions request")
     lim.add_argument("--request-timeout", type=_at_least(float, 0), default=None,
                      help="seconds a request may run, and the most parameters.timeout may ask (default: none)")
     lim.add_argument("--shutdown-grace", type=_at_least(float, 0, strict=False), default=30.0,
@@ -116,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     engine_args = EngineArgs(checkpoint=args.checkpoint, device=str(device), dtype=args.dtype, config=config)
     limits = Limits(max_body_bytes=args.max_body_bytes, max_input_tokens=args.max_input_tokens,
                     max_new_tokens=args.max_new_tokens, max_stop_sequences=args.max_stop_sequences,
-                    max_stop_length=args.max_stop_length, request_timeout=args.request_timeout)
+                    max_stop_length=args.max_stop_length, request_timeout=args.request_timeout, max_n=args.max_n,
+                    max_best_of=args.max_best_of, max_logprobs=min(args.max_logprobs, 20), max_prompts=args.max_prompts)
     app = create_app(lambda: Engine.from_args(engine_args), model_name=args.checkpoint.name, limits=limits,
                      api_key=args.api_key, cors_origins=args.cors_origin,
                      shutdown_grace=args.shutdown_grace)

@@ -23,8 +23,12 @@ from server.engine import Engine
 from server.api.metrics import Metrics
 from server.api.middleware import BearerAuth, BodySizeLimit
 from server.api.playground import router as playground_router
-from server.api.protocol import CompletionRequest, GenerateRequest, ModelCard, ModelList
-from server.api.serving import APIError, Limits, openai_completion, tgi_generate
+from server.api.protocol import GenerateRequest
+from server.api.protocol_openai import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from server.api.serving import APIError, Limits
+from server.api.serving_chat import chat_completion
+from server.api.serving_completions import openai_completion
+from server.api.serving_tgi import tgi_generate
 
 log = logging.getLogger("kvserve.app")
 
@@ -172,6 +176,10 @@ def create_app(load_engine: Callable[[], Engine], *, model_name: str = "model", 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest):
         return await openai_completion(request, body, state.ready_engine(), state.metrics, limits, model_name)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: ChatCompletionRequest):
+        return await chat_completion(request, body, state.ready_engine(), state.metrics, limits, model_name)
 
     @app.get("/v1/models")
     async def models():

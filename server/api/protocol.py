@@ -48,21 +48,23 @@ class GenerateParameters(Strict):
     ignore_eos: bool = Field(False, description="our extension (vLLM's): generate max_new_tokens whatever comes")
     timeout: float | None = Field(None, gt=0, description=TIMEOUT_DOC)
     cache_salt: NonEmptyStr | None = Field(None, description=CACHE_SALT_DOC)
+    best_of: int | None = Field(None, ge=1, description="sample this many and return the likeliest (needs sampling; "
+                                "at most --max-best-of)")
+    decoder_input_details: bool = Field(False, description="each prompt token's logprob in details.prefill")
+    top_n_tokens: int | None = Field(None, ge=0, description="the likeliest alternatives of each generated token, "
+                                     "in details.top_tokens (at most --max-logprobs)")
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="minus this times the number of times a "
+                                            "token was generated, from its logit (OpenAI's definition)")
     # TGI fields accepted at their neutral value only
-    best_of: int | None = None
-    decoder_input_details: bool = False
-    top_n_tokens: int | None = None
     typical_p: float | None = None
     watermark: bool = False
-    frequency_penalty: float | None = None
     grammar: Any = None
     adapter_id: str | None = None
 
     @model_validator(mode="after")
     def _neutral_only(self) -> "GenerateParameters":
-        _refuse_unsupported(self, {"best_of": (None, 1), "decoder_input_details": (False,),
-                                   "top_n_tokens": (None, 0), "typical_p": (None, 1.0), "watermark": (False,),
-                                   "frequency_penalty": (None, 0.0), "grammar": (None,), "adapter_id": (None,)})
+        _refuse_unsupported(self, {"typical_p": (None, 1.0), "watermark": (False,),
+                                   "grammar": (None,), "adapter_id": (None,)})
         return self
 
 
@@ -77,6 +79,12 @@ class Token(BaseModel):
     text: str
     logprob: float
     special: bool
+
+
+class PrefillToken(BaseModel):
+    id: int
+    text: str
+    logprob: float | None  # None for the first: nothing comes before it
 
 
 TGIFinishReason = Literal["length", "eos_token", "stop_sequence"]
@@ -105,13 +113,25 @@ class AttentionWeights(BaseModel):
     weights: list[list[list[list[float]]]]  # [layer][head][query][key], rows sum to 1, 0 on the future, 4 decimals
 
 
+class BestOfSequence(BaseModel):
+    generated_text: str
+    finish_reason: TGIFinishReason
+    generated_tokens: int
+    seed: int | None
+    prefill: list[PrefillToken] = Field(default_factory=list)
+    tokens: list[Token] = Field(default_factory=list)
+    top_tokens: list[list[Token]] | None = None
+
+
 class Details(Timing):
     finish_reason: TGIFinishReason
     generated_tokens: int
     seed: int | None
     input_length: int
-    prefill: list[Token] = Field(default_factory=list)
+    prefill: list[PrefillToken] = Field(default_factory=list)
     tokens: list[Token] = Field(default_factory=list)
+    top_tokens: list[list[Token]] | None = None  # with parameters.top_n_tokens
+    best_of_sequences: list[BestOfSequence] | None = None  # with parameters.best_of
     attention: AttentionWeights | None = None  # with parameters.return_attention
 
 
@@ -131,6 +151,7 @@ class GenerateResponse(BaseModel):
 class StreamResponse(BaseModel):
     index: int
     token: Token
+    top_tokens: list[Token] | None = None
     generated_text: str | None = None
     details: StreamDetails | None = None
 
@@ -138,98 +159,3 @@ class StreamResponse(BaseModel):
 class ErrorResponse(BaseModel):
     error: str
     error_type: str
-
-
-# ---- OpenAI completions -------------------------------------------------------------------------
-
-
-class CompletionRequest(Strict):
-    model: str
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
-    max_tokens: int | None = Field(16, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2, description="default 1; 0 means greedy")
-    top_p: float | None = Field(None, gt=0, le=1)
-    stop: NonEmptyStr | list[NonEmptyStr] | None = Field(None, description="at most --max-stop-sequences (4)")
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
-    echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=0, description="0: the sampled token's logprob only")
-    n: int = Field(1, ge=1, le=1)
-    user: str | None = None
-    # OpenAI fields accepted at their neutral value only
-    best_of: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    suffix: str | None = None
-    # our extensions (vLLM accepts the first two as well)
-    top_k: int | None = Field(None, gt=0)
-    repetition_penalty: float | None = Field(None, gt=0)
-    use_cache: bool = True
-    ignore_eos: bool = False
-    timeout: float | None = Field(None, gt=0, description=TIMEOUT_DOC)
-    cache_salt: NonEmptyStr | None = Field(None, description=CACHE_SALT_DOC)
-
-    @model_validator(mode="after")
-    def _neutral_only(self) -> "CompletionRequest":
-        _refuse_unsupported(self, {"best_of": (None, 1), "presence_penalty": (None, 0.0),
-                                   "frequency_penalty": (None, 0.0), "suffix": (None,)})
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported by this server")
-        return self
-
-    @property
-    def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-
-    @property
-    def stop_list(self) -> list[str]:
-        return [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
-
-
-class CompletionLogprobs(BaseModel):
-    tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: None = None
-    text_offset: list[int]
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int  # prompt tokens served from the prefix cache
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails | None = None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "kvserve"
-    max_model_len: int
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]

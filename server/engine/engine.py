@@ -217,6 +217,15 @@ class Engine:
                           request_id=request_id, cache_salt=cache_salt)
         return RequestStream(self, rid, events)
 
+    def stream_copies(self, prompt_ids: list[int], params: list[SamplingParams], *, use_cache: bool = True,
+                      cache_salt: str | None = None) -> list[RequestStream]:
+        """submit_copies from a running asyncio loop: one stream per copy."""
+        loop = asyncio.get_running_loop()
+        queues = [asyncio.Queue() for _ in params]
+        ids = self.submit_copies(prompt_ids, params, [AsyncSink(loop, q) for q in queues], use_cache=use_cache,
+                                 cache_salt=cache_salt)
+        return [RequestStream(self, rid, q) for rid, q in zip(ids, queues)]
+
     def generate(self, prompt_ids: list[int], params: SamplingParams, *, use_cache: bool = True,
                  timeout: float | None = None, cache_salt: str | None = None) -> list[TokenOutput]:
         """Blocking helper: submits and waits for every event (not for use on an event loop)."""

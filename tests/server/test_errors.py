@@ -28,7 +28,11 @@ BAD_GENERATE = [
     ({"inputs": "x", "parameters": {"seed": -1}}, "parameters.seed: Input should be greater than or equal to 0"),
     ({"inputs": "x", "parameters": {"stop": ["a", "b", "c", "d", "e"]}}, "parameters.stop: 5 stop sequences; this server takes at most 4 (--max-stop-sequences)"),
     ({"inputs": "x", "parameters": {"stop": [""]}}, "parameters.stop.0: String should have at least 1 character"),
-    ({"inputs": "x", "parameters": {"best_of": 2}}, "best_of=2 is not supported"),
+    ({"inputs": "x", "parameters": {"best_of": 2}}, "parameters.best_of > 1 needs sampling"),
+    ({"inputs": "x", "parameters": {"best_of": 17, "do_sample": True}},
+     "parameters.best_of (17) is above this server's limit of 16 (--max-best-of)"),
+    ({"inputs": "x", "parameters": {"top_n_tokens": 21}},
+     "parameters.top_n_tokens (21) is above this server's limit of 20 (--max-logprobs)"),
     ({"inputs": "x", "parameters": {"use_cache": "sometimes"}}, "parameters.use_cache: Input should be a valid boolean"),
 ]
 
@@ -54,11 +58,20 @@ def test_invalid_json_and_nan_are_422(live):
 
 @pytest.mark.parametrize("body,status,message", [
     ({"model": "gpt-4", "prompt": "x"}, 404, "model 'gpt-4' does not exist"),
-    ({"model": "tiny", "prompt": "x", "n": 2}, 422, "n: Input should be less than or equal to 1"),
+    ({"prompt": "x", "n": 17}, 422, "n (17) is above this server's limit of 16 (--max-n)"),
+    ({"prompt": "x", "logprobs": 21}, 422, "logprobs (21) is above this server's limit of 20 (--max-logprobs)"),
+    ({"prompt": "x", "best_of": 1, "n": 2}, 422, "best_of (1) must be at least n (2)"),
+    ({"prompt": "x", "best_of": 3, "stream": True}, 422, "best_of > n cannot be streamed"),
+    ({"prompt": "x", "logit_bias": {"abc": 1}}, 422, "logit_bias: 'abc' is not a token id"),
+    ({"prompt": "x", "logit_bias": {"99999": 1}}, 422, "logit_bias: '99999' is not a token id"),
+    ({"prompt": "x", "logit_bias": {"3": 101}}, 422, "Input should be less than or equal to 100"),
+    ({"prompt": []}, 422, "prompt"),
+    ({"prompt": [1, 2, 99999]}, 422, "token ids out of range"),
+    ({"prompt": "x", "max_tokens": 0}, 422, "max_tokens 0 needs echo: true"),
     ({"model": "tiny", "prompt": "x", "max_tokens": 500}, 422, "max_tokens (500) exceeds the context of 128"),
-    ({"model": "tiny", "prompt": ["a", "b"]}, 422, "List should have at most 1 item"),
     ({"model": "tiny", "prompt": "x", "temperature": 3}, 422, "temperature: Input should be less than or equal to 2"),
-    ({"model": "tiny", "prompt": "x", "presence_penalty": 0.5}, 422, "presence_penalty=0.5 is not supported"),
+    ({"model": "tiny", "prompt": "x", "presence_penalty": 2.5}, 422, "presence_penalty: Input should be less than"),
+    ({"model": "tiny", "prompt": "x", "suffix": "y"}, 422, "suffix='y' is not supported"),
 ])
 def test_bad_completion_input_gets_its_4xx(live, body, status, message):
     r = httpx.post(live.url + "/v1/completions", json=body, timeout=30)

@@ -1,0 +1,34 @@
+"""Chat messages to a prompt through the checkpoint's chat template, rendered as `transformers`'
+apply_chat_template renders it: a sandboxed Jinja environment with trim_blocks and lstrip_blocks,
+`raise_exception` available to the template, and the variables messages, add_generation_prompt,
+bos_token and eos_token."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class ChatTemplateError(ValueError):
+    """The template raised, or could not be compiled."""
+
+
+def _raise(message: str):
+    raise ChatTemplateError(message)
+
+
+@lru_cache(maxsize=8)
+def _compiled(template: str):
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    return env.from_string(template)
+
+
+def render(template: str, messages: list[dict], *, add_generation_prompt: bool = True, bos_token: str = "",
+           eos_token: str = "") -> str:
+    try:
+        return _compiled(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                          bos_token=bos_token, eos_token=eos_token)
+    except TemplateError as e:
+        raise ChatTemplateError(f"the chat template failed: {e}") from e

@@ -1,0 +1,210 @@
+"""Request and response schemas of OpenAI's completions and chat completions (`/v1/completions`,
+`/v1/chat/completions`, `/v1/models`), with the extensions vLLM accepts and a few of ours.
+
+Unknown fields are refused (422) rather than ignored; limits that depend on the server's flags (n,
+best_of, logprobs) are checked by the serving code, which names the flag.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from server.api.protocol import CACHE_SALT_DOC, TIMEOUT_DOC, NonEmptyStr, Strict, _refuse_unsupported
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
+class SamplingFields(Strict):
+    """What completions and chat completions share."""
+
+    model: str | None = Field(None, description="optional: this server serves one model")
+    temperature: float | None = Field(None, ge=0, le=2, description="default 1; 0 means greedy")
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int = Field(1, ge=1, description="choices per prompt (at most --max-n)")
+    stop: NonEmptyStr | list[NonEmptyStr] | None = Field(None, description="at most --max-stop-sequences (4)")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        None, description="token id (as a string) -> added to its logit")
+    user: str | None = None
+    # extensions (vLLM accepts the first two as well)
+    top_k: int | None = Field(None, gt=0)
+    repetition_penalty: float | None = Field(None, gt=0)
+    use_cache: bool = True
+    ignore_eos: bool = False
+    timeout: float | None = Field(None, gt=0, description=TIMEOUT_DOC)
+    cache_salt: NonEmptyStr | None = Field(None, description=CACHE_SALT_DOC)
+
+    @property
+    def stop_list(self) -> list[str]:
+        return [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class CompletionRequest(SamplingFields):
+    prompt: NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1)] | TokenIds | \
+        Annotated[list[TokenIds], Field(min_length=1)]
+    max_tokens: int | None = Field(16, ge=0, description="0 with echo scores the prompt and generates nothing")
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, description="the likeliest alternatives of each token (at most "
+                                 "--max-logprobs); 0: each token's own logprob only")
+    best_of: int | None = Field(None, ge=1, description="generate this many per prompt and return the n likeliest "
+                                "(at most --max-best-of; not with stream)")
+    suffix: str | None = None  # accepted at its neutral value only
+
+    @model_validator(mode="after")
+    def _checks(self) -> "CompletionRequest":
+        _refuse_unsupported(self, {"suffix": (None, "")})
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of ({self.best_of}) must be at least n ({self.n})")
+        if self.best_of is not None and self.best_of > self.n and self.stream:
+            raise ValueError("best_of > n cannot be streamed: the best choices are known only at the end")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 needs echo: true (it scores the prompt and generates nothing)")
+        return self
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: text, or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if isinstance(p[0], int):
+            return [list(p)]
+        return list(p)
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]  # None for an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None] | None = None  # with logprobs > 0: token text -> logprob
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens served from the prefix cache
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+# ---- chat completions ---------------------------------------------------------------------------
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | None = ""
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: int | None = Field(None, ge=1, description="default: what the context leaves")
+    max_completion_tokens: int | None = Field(None, ge=1, description="OpenAI's newer name for max_tokens")
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, description="with logprobs: alternatives per token (at most "
+                                     "--max-logprobs)")
+    add_generation_prompt: bool = True  # vLLM's: the template's cue for the assistant's turn
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class ChatLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(ChatLogprob):
+    top_logprobs: list[ChatLogprob] = Field(default_factory=list)
+
+
+class ChatChoiceLogprobs(BaseModel):
+    content: list[ChatTokenLogprob]
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatChoiceLogprobs | None = None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatChoiceLogprobs | None = None
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+# ---- models ---------------------------------------------------------------------------------------
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "kvserve"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,114 @@
+"""OpenAI's `/v1/chat/completions`, for a checkpoint whose tokenizer_config.json carries a chat template:
+the messages rendered through it, then generated as a completion; answered whole or streamed as
+chat.completion.chunk events. Without a template the route answers 400 and says so, as vLLM does."""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from model.sampling import SamplingParams
+from server.api.chat_template import ChatTemplateError, render
+from server.api.metrics import Metrics
+from server.api.protocol_openai import (ChatChoice, ChatChoiceLogprobs, ChatChunkChoice, ChatCompletionChunk,
+                                        ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatLogprob,
+                                        ChatResponseMessage, ChatTokenLogprob)
+from server.api.serving import (APIError, Generation, Limits, copies_of, encode, error_event, logit_bias_of,
+                                sampling_params, seed_for, sse, sse_response, tokens_of)
+from server.api.serving_completions import OPENAI_FINISH, usage_of
+from server.engine import FINISH_ERROR, Engine, TokenOutput
+
+
+def chat_prompt(engine: Engine, body: ChatCompletionRequest, model_name: str) -> str:
+    template = engine.tokenizer.chat_template
+    if template is None:
+        raise APIError(400, f"the model {model_name!r} has no chat template (chat_template in its "
+                       "tokenizer_config.json), so /v1/chat/completions cannot format messages for it; "
+                       "send the text to /v1/completions instead", "invalid_request")
+    eos = engine.tokenizer.decode([engine.tokenizer.eos_token_id]) if engine.tokenizer.eos_token_id is not None else ""
+    try:
+        return render(template, [m.model_dump(exclude_none=True) for m in body.messages],
+                      add_generation_prompt=body.add_generation_prompt, eos_token=eos)
+    except ChatTemplateError as e:
+        raise APIError(400, str(e), "invalid_request") from e
+
+
+def chat_params(body: ChatCompletionRequest, engine: Engine, limits: Limits, prompt_len: int) -> SamplingParams:
+    temperature = 1.0 if body.temperature is None else body.temperature
+    max_new = body.max_new_tokens or max(1, min(engine.context_length - prompt_len, limits.max_new_tokens or 10**9))
+    limits.check_new_tokens(max_new, "max_tokens")
+    limits.check_count("n", body.n, "max_n")
+    limits.check_count("top_logprobs", body.top_logprobs, "max_logprobs")
+    top = (body.top_logprobs or 0) if body.logprobs else 0
+    return sampling_params(engine.model_config.vocab_size, max_new_tokens=max_new, temperature=temperature,
+                           top_k=body.top_k or 0, top_p=body.top_p or 1.0,
+                           repetition_penalty=body.repetition_penalty or 1.0, presence_penalty=body.presence_penalty,
+                           frequency_penalty=body.frequency_penalty,
+                           logit_bias=logit_bias_of(body.logit_bias, engine.model_config.vocab_size),
+                           seed=seed_for(temperature > 0, body.seed), stop=tuple(body.stop_list),
+                           ignore_eos=body.ignore_eos, logprobs=top)
+
+
+def _logprobs(engine: Engine, outs: list[TokenOutput], top: int) -> ChatChoiceLogprobs:
+    def entry(token_id: int, text: str, logprob: float) -> dict:
+        return dict(token=text, logprob=logprob, bytes=list(engine.tokenizer.token_bytes(token_id)))
+
+    return ChatChoiceLogprobs(content=[ChatTokenLogprob(
+        **entry(o.token_id, o.text, o.logprob),
+        top_logprobs=[ChatLogprob(**entry(t, engine.tokenizer.decode([t]), lp)) for t, lp in (o.top_logprobs or [])]
+        if top else []) for o in outs])
+
+
+async def chat_completion(request: Request, body: ChatCompletionRequest, engine: Engine, metrics: Metrics,
+                          limits: Limits, model_name: str):
+    if body.model not in (None, model_name):
+        raise APIError(404, f"model {body.model!r} does not exist; this server serves {model_name!r}", "not_found")
+    limits.check_stop(body.stop_list, "stop")
+    prompt_ids = await encode(engine, chat_prompt(engine, body, model_name))
+    limits.check_prompt(len(prompt_ids))
+    params = chat_params(body, engine, limits, len(prompt_ids))
+    gen = Generation(engine, metrics, [prompt_ids], copies_of(params, body.n), body.use_cache,
+                     timeout=limits.deadline(body.timeout), max_tokens_field="max_tokens", cache_salt=body.cache_salt)
+    head = dict(id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=model_name)
+    if body.stream:
+        return sse_response(_chat_events(engine, gen.events(request), head, body, prompt_ids), gen)
+    outs = await gen.collect(request)
+    choices = [ChatChoice(index=k, message=ChatResponseMessage(content="".join(o.text for o in tokens_of(events))),
+                          logprobs=_logprobs(engine, tokens_of(events), params.logprobs) if body.logprobs else None,
+                          finish_reason=OPENAI_FINISH[events[-1].finish_reason]) for k, events in enumerate(outs)]
+    answer = ChatCompletionResponse(**head, choices=choices, usage=usage_of([prompt_ids], outs, body.n))
+    return JSONResponse(answer.model_dump(mode="json"))
+
+
+async def _chat_events(engine: Engine, events: AsyncIterator[tuple[int, TokenOutput]], head: dict,
+                       body: ChatCompletionRequest, prompt_ids: list[int]) -> AsyncIterator[str]:
+    def chunk(**choice) -> str:
+        return sse(ChatCompletionChunk(**head, choices=[ChatChunkChoice(**choice)]).model_dump_json(
+            exclude={"usage"}))
+
+    started = [False] * body.n
+    choices: list[list[TokenOutput]] = [[] for _ in range(body.n)]
+    async for k, out in events:
+        choices[k].append(out)
+        if out.token_id is None:
+            if out.finish_reason == FINISH_ERROR:
+                yield error_event(out)
+                yield "data: [DONE]\n\n"
+                return
+            continue
+        if not started[k]:  # OpenAI's first delta of a choice names the role
+            started[k] = True
+            yield chunk(index=k, delta=ChatDelta(role="assistant", content=""))
+        if out.text or out.finished:
+            logprobs = _logprobs(engine, [out], body.top_logprobs or 0) if body.logprobs else None
+            yield chunk(index=k, delta=ChatDelta(content=out.text), logprobs=logprobs,
+                        finish_reason=OPENAI_FINISH.get(out.finish_reason))
+    if any(c and c[-1].finish_reason not in OPENAI_FINISH for c in choices):
+        return  # cancelled
+    if body.include_usage:
+        usage = usage_of([prompt_ids], choices, body.n)
+        yield sse(ChatCompletionChunk(**head, choices=[], usage=usage))
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,194 @@
+"""OpenAI's `/v1/completions`: one or more prompts (text or token ids), n choices each (or the n likeliest
+of best_of), logprobs with top alternatives, echo with the prompt's own logprobs, scoring a prompt with
+max_tokens 0, penalties and logit bias; streamed as text_completion chunks or answered whole."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from model.sampling import SamplingParams
+from server.api.metrics import Metrics
+from server.api.protocol_openai import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
+                                        PromptTokensDetails, Usage)
+from server.api.serving import (APIError, Generation, Limits, copies_of, encode, error_event, logit_bias_of,
+                                sampling_params, seed_for, sse_response, tokens_of)
+from server.engine import FINISH_EOS, FINISH_ERROR, FINISH_STOP, Engine, TokenOutput
+
+OPENAI_FINISH = {"length": "length", FINISH_EOS: "stop", FINISH_STOP: "stop"}
+
+
+def completion_params(r: CompletionRequest, engine: Engine, limits: Limits) -> SamplingParams:
+    """OpenAI's rule: temperature defaults to 1 (sampling); temperature 0 is greedy."""
+    temperature = 1.0 if r.temperature is None else r.temperature
+    max_tokens = 16 if r.max_tokens is None else r.max_tokens
+    limits.check_new_tokens(max_tokens, "max_tokens")
+    limits.check_count("n", r.n, "max_n")
+    limits.check_count("best_of", r.best_of, "max_best_of")
+    limits.check_count("logprobs", r.logprobs, "max_logprobs")
+    return sampling_params(engine.model_config.vocab_size, max_new_tokens=max_tokens, temperature=temperature,
+                           top_k=r.top_k or 0, top_p=r.top_p or 1.0, repetition_penalty=r.repetition_penalty or 1.0,
+                           presence_penalty=r.presence_penalty, frequency_penalty=r.frequency_penalty,
+                           logit_bias=logit_bias_of(r.logit_bias, engine.model_config.vocab_size),
+                           seed=seed_for(temperature > 0, r.seed), stop=tuple(r.stop_list), ignore_eos=r.ignore_eos,
+                           logprobs=r.logprobs or 0, prompt_logprobs=r.logprobs if r.echo and r.logprobs is not None
+                           else (0 if r.max_tokens == 0 else None))
+
+
+async def prompt_ids_of(engine: Engine, prompts: list[str | list[int]], limits: Limits) -> list[list[int]]:
+    limits.check_count("prompt (a list of prompts)", len(prompts), "max_prompts")
+    out = []
+    for p in prompts:
+        ids = await encode(engine, p) if isinstance(p, str) else p
+        if not ids:
+            raise APIError(422, "prompt: a prompt encodes to no token", "validation")
+        vocab = engine.model_config.vocab_size
+        bad = [t for t in ids if t >= vocab]
+        if bad:
+            raise APIError(422, f"prompt: token ids out of range [0, {vocab}): {bad[:5]}", "validation")
+        limits.check_prompt(len(ids))
+        out.append(ids)
+    return out
+
+
+class LogprobsBuilder:
+    """A choice's `logprobs`: each token's text, logprob, top alternatives and offset into the text."""
+
+    def __init__(self, engine: Engine, top: int) -> None:
+        self.decode, self.top = engine.tokenizer.decode, top
+
+    def prompt(self, prompt_ids: list[int], first: TokenOutput | None) -> CompletionLogprobs:
+        """The echoed prompt: its first token has no logprob (nothing comes before it)."""
+        scored = {e.position: e for e in (first.prompt_logprobs or [])} if first is not None else {}
+        tokens = [self.decode([t]) for t in prompt_ids]
+        logprobs = [scored[i].logprob if i in scored else None for i in range(len(prompt_ids))]
+        top = [self._top(scored[i].top) if i in scored and self.top else None for i in range(len(prompt_ids))]
+        return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=top if self.top else None,
+                                  text_offset=_offsets(tokens, 0))
+
+    def generated(self, outs: list[TokenOutput], offset: int) -> CompletionLogprobs:
+        tokens = [o.text for o in outs]
+        return CompletionLogprobs(tokens=tokens, token_logprobs=[o.logprob for o in outs],
+                                  top_logprobs=[self._top(o.top_logprobs) for o in outs] if self.top else None,
+                                  text_offset=_offsets(tokens, offset))
+
+    def _top(self, pairs) -> dict[str, float] | None:
+        if pairs is None:
+            return None
+        out: dict[str, float] = {}
+        for token, logprob in pairs:
+            out.setdefault(self.decode([token]), logprob)  # two ids may decode alike: the likelier stays
+        return out
+
+
+def _offsets(tokens: list[str], start: int) -> list[int]:
+    offsets, at = [], start
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    return offsets
+
+
+def _join(a: CompletionLogprobs | None, b: CompletionLogprobs) -> CompletionLogprobs:
+    if a is None:
+        return b
+    return CompletionLogprobs(tokens=a.tokens + b.tokens, token_logprobs=a.token_logprobs + b.token_logprobs,
+                              top_logprobs=(a.top_logprobs or []) + (b.top_logprobs or [])
+                              if a.top_logprobs is not None or b.top_logprobs is not None else None,
+                              text_offset=a.text_offset + b.text_offset)
+
+
+def usage_of(prompts: list[list[int]], choices: list[list[TokenOutput]], copies: int) -> Usage:
+    """Prompt tokens once per prompt (with what its first copy found in the prefix cache), and every
+    returned choice's generated tokens."""
+    prompt_tokens = sum(len(p) for p in prompts)
+    generated = sum(len(tokens_of(c)) for c in choices)
+    cached = sum(choices[i * copies][-1].stats.cached_tokens for i in range(len(prompts))
+                 if choices[i * copies] and choices[i * copies][-1].stats)
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=generated, total_tokens=prompt_tokens + generated,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+
+async def openai_completion(request: Request, body: CompletionRequest, engine: Engine, metrics: Metrics,
+                            limits: Limits, model_name: str):
+    if body.model not in (None, model_name):
+        raise APIError(404, f"model {body.model!r} does not exist; this server serves {model_name!r}", "not_found")
+    limits.check_stop(body.stop_list, "stop")
+    prompts = await prompt_ids_of(engine, body.prompts, limits)
+    params = completion_params(body, engine, limits)
+    n, copies = body.n, body.best_of or body.n
+    gen = Generation(engine, metrics, prompts, copies_of(params, copies), body.use_cache,
+                     timeout=limits.deadline(body.timeout), max_tokens_field="max_tokens", cache_salt=body.cache_salt)
+    head = CompletionResponse(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=model_name, choices=[])
+    builder = LogprobsBuilder(engine, body.logprobs or 0)
+    texts = [engine.tokenizer.decode(p) if isinstance(raw, list) else raw for p, raw in zip(prompts, body.prompts)]
+    if body.stream:
+        return sse_response(_completion_events(gen.events(request), head, body, prompts, texts, builder, gen), gen)
+    outs = await gen.collect(request)
+    choices = []
+    for i, prompt in enumerate(prompts):
+        group = outs[i * copies:(i + 1) * copies]
+        if copies > n:  # best_of: the n likeliest, by the sum of their tokens' logprobs, in that order
+            group = sorted(group, key=lambda c: -sum(o.logprob for o in tokens_of(c)))[:n]
+        for j, events in enumerate(group):
+            echo = texts[i] if body.echo else ""
+            tokens = tokens_of(events)
+            logprobs = None
+            if body.logprobs is not None:
+                prompt_part = builder.prompt(prompt, events[0]) if body.echo else None
+                logprobs = _join(prompt_part, builder.generated(tokens, len(echo)))
+            choices.append(CompletionChoice(index=i * n + j, text=echo + "".join(o.text for o in tokens),
+                                            logprobs=logprobs, finish_reason=OPENAI_FINISH[events[-1].finish_reason]))
+    usage = usage_of(prompts, outs, copies)
+    return JSONResponse(head.model_copy(update={"choices": choices, "usage": usage}).model_dump(mode="json"))
+
+
+class ChunkEncoder:
+    """A stream's text_completion chunks, as CompletionResponse(...) serializes them, from a prefix
+    dumped once: several times cheaper per streamed token than building and dumping the model."""
+
+    def __init__(self, head: CompletionResponse) -> None:
+        self._prefix = "data: " + head.model_dump_json(exclude={"usage", "choices"})[:-1] + ',"choices":['
+
+    def __call__(self, choice: CompletionChoice) -> str:
+        logprobs = "null" if choice.logprobs is None else choice.logprobs.model_dump_json()
+        return (f'{self._prefix}{{"index":{choice.index},"text":{json.dumps(choice.text, ensure_ascii=False)},'
+                f'"logprobs":{logprobs},"finish_reason":{json.dumps(choice.finish_reason)}}}]}}\n\n')
+
+
+async def _completion_events(events: AsyncIterator[tuple[int, TokenOutput]], head: CompletionResponse,
+                             body: CompletionRequest, prompts: list[list[int]], texts: list[str],
+                             builder: LogprobsBuilder, gen: Generation) -> AsyncIterator[str]:
+    chunk, n = ChunkEncoder(head), body.n
+    offsets = [len(texts[k // n]) if body.echo else 0 for k in range(len(prompts) * n)]
+    echoed = [False] * len(offsets)
+    choices: list[list[TokenOutput]] = [[] for _ in offsets]
+    async for k, out in events:
+        choices[k].append(out)
+        if out.token_id is None and out.finish_reason == FINISH_ERROR:
+            yield error_event(out)
+            yield "data: [DONE]\n\n"
+            return
+        if body.echo and not echoed[k]:
+            echoed[k] = True
+            logprobs = builder.prompt(prompts[k // n], out) if body.logprobs is not None else None
+            yield chunk(CompletionChoice(index=k, text=texts[k // n], logprobs=logprobs))
+        if out.token_id is None:
+            if out.finish_reason in OPENAI_FINISH:  # a scored prompt: nothing generated
+                yield chunk(CompletionChoice(index=k, text="", finish_reason=OPENAI_FINISH[out.finish_reason]))
+            continue
+        if out.text or out.finished:
+            logprobs = builder.generated([out], offsets[k]) if body.logprobs is not None else None
+            yield chunk(CompletionChoice(index=k, text=out.text, logprobs=logprobs,
+                                         finish_reason=OPENAI_FINISH.get(out.finish_reason)))
+            offsets[k] += len(out.text)
+    if any(c and c[-1].finish_reason not in OPENAI_FINISH for c in choices):
+        return  # cancelled
+    if body.include_usage:
+        usage = usage_of(prompts, choices, n)
+        yield "data: " + head.model_copy(update={"choices": [], "usage": usage}).model_dump_json() + "\n\n"
+    yield "data: [DONE]\n\n"
