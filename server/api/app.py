@@ -76,6 +76,11 @@ class AppState:
         log.info("model %s ready", self.model_name)
 
 
+def _openai_route(request: Request) -> bool:
+    """OpenAI's routes answer errors in OpenAI's shape, which its clients read; the others in TGI's."""
+    return request.url.path.startswith("/v1/")
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -117,21 +122,23 @@ def create_app(load_engine: Callable[[], Engine], *, model_name: str = "model", 
     async def api_error(request: Request, exc: APIError):
         if exc.reason:
             state.metrics.on_rejected(exc.reason)
-        return exc.response()
+        return exc.response(openai=_openai_route(request))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
         state.metrics.on_rejected("validation")
-        return APIError(422, _validation_message(exc), "validation").response()
+        return APIError(422, _validation_message(exc), "validation").response(openai=_openai_route(request))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        return APIError(exc.status_code, str(exc.detail), "http", headers=exc.headers).response()
+        return APIError(exc.status_code, str(exc.detail), "http", headers=exc.headers).response(
+            openai=_openai_route(request))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
         log.exception("unhandled error")
-        return APIError(500, f"internal error: {type(exc).__name__}", "internal").response()
+        return APIError(500, f"internal error: {type(exc).__name__}", "internal").response(
+            openai=_openai_route(request))
 
     @app.get("/health")
     async def health():

@@ -89,8 +89,13 @@ class APIError(Exception):
         self.status, self.message, self.error_type, self.headers = status, message, error_type, headers
         self.reason = reason
 
-    def response(self) -> JSONResponse:
-        body = ErrorResponse(error=self.message, error_type=self.error_type).model_dump()
+    def response(self, openai: bool = False) -> JSONResponse:
+        """TGI's {"error": message, "error_type": type}, or with `openai` OpenAI's
+        {"error": {"message", "type", "param", "code"}}, which its clients show."""
+        if openai:
+            body = {"error": {"message": self.message, "type": self.error_type, "param": None, "code": self.status}}
+        else:
+            body = ErrorResponse(error=self.message, error_type=self.error_type).model_dump()
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
@@ -249,8 +254,11 @@ def tokens_of(outs: list[TokenOutput]) -> list[TokenOutput]:
     return [o for o in outs if o.token_id is not None]
 
 
-def error_event(out: TokenOutput) -> str:
-    return sse(ErrorResponse(error=out.error or "generation failed", error_type=out.error_type or "generation"))
+def error_event(out: TokenOutput, openai: bool = False) -> str:
+    """A failed request's last event, in TGI's error shape or (`openai`) OpenAI's."""
+    error = APIError(ERROR_STATUS.get(out.error_type or "generation", 500), out.error or "generation failed",
+                     out.error_type or "generation")
+    return "data: " + error.response(openai).body.decode() + "\n\n"
 
 
 def sse(data: BaseModel | dict | str) -> str:

@@ -95,7 +95,7 @@ async def _chat_events(engine: Engine, events: AsyncIterator[tuple[int, TokenOut
         choices[k].append(out)
         if out.token_id is None:
             if out.finish_reason == FINISH_ERROR:
-                yield error_event(out)
+                yield error_event(out, openai=True)
                 yield "data: [DONE]\n\n"
                 return
             continue

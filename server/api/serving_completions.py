@@ -170,7 +170,7 @@ async def _completion_events(events: AsyncIterator[tuple[int, TokenOutput]], hea
     async for k, out in events:
         choices[k].append(out)
         if out.token_id is None and out.finish_reason == FINISH_ERROR:
-            yield error_event(out)
+            yield error_event(out, openai=True)
             yield "data: [DONE]\n\n"
             return
         if body.echo and not echoed[k]:

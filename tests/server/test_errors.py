@@ -73,9 +73,10 @@ def test_invalid_json_and_nan_are_422(live):
     ({"model": "tiny", "prompt": "x", "presence_penalty": 2.5}, 422, "presence_penalty: Input should be less than"),
     ({"model": "tiny", "prompt": "x", "suffix": "y"}, 422, "suffix='y' is not supported"),
 ])
-def test_bad_completion_input_gets_its_4xx(live, body, status, message):
+def test_bad_completion_input_gets_its_4xx_in_openais_shape(live, body, status, message):
     r = httpx.post(live.url + "/v1/completions", json=body, timeout=30)
-    assert r.status_code == status and message in r.json()["error"], r.text
+    error = r.json()["error"]
+    assert r.status_code == status and message in error["message"] and error["code"] == status, r.text
 
 
 def test_unknown_route_answers_in_the_error_shape(live):

@@ -74,7 +74,7 @@ def test_malformed_generate_bodies_get_a_clear_4xx_never_a_500(live, raw, status
 ])
 def test_malformed_completion_bodies_get_422(live, raw):
     r = post(live, "/v1/completions", raw)
-    assert r.status_code == 422 and r.json()["error_type"] == "validation", r.text
+    assert r.status_code == 422 and r.json()["error"]["type"] == "validation", r.text
 
 
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
@@ -120,7 +120,7 @@ def test_limits_are_refused_by_name_and_counted(tiny_checkpoint):
             assert r.status_code == 422 and flag in r.json()["error"], (body, r.text)
             assert server.metric("kvserve:request_rejected_total", reason=reason) == before + 1, reason
         r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 9})
-        assert r.status_code == 422 and "max_tokens (9) is above this server's limit of 4" in r.json()["error"]
+        assert r.status_code == 422 and "max_tokens (9) is above this server's limit of 4" in r.json()["error"]["message"]
         r = httpx.post(server.url + "/generate", json={"inputs": "x", "parameters": {"details": True}}, timeout=60)
         assert r.status_code == 200 and r.json()["details"]["generated_tokens"] <= 4  # the default obeys the cap
     finally:
@@ -130,8 +130,14 @@ def test_limits_are_refused_by_name_and_counted(tiny_checkpoint):
 # ---- generated from the OpenAPI schema --------------------------------------------------------
 
 FUZZED = [("POST", "/generate"), ("POST", "/generate_stream"), ("POST", "/"), ("POST", "/v1/completions"),
+          ("POST", "/v1/chat/completions"),
           ("GET", "/info"), ("GET", "/v1/models"), ("GET", "/health"), ("GET", "/metrics")]
 FAILED_GENERATION = {"generation", "internal"}  # error types that would mean the server broke, not the input
+
+
+def error_type(body: dict) -> str:
+    """TGI's error shape, or OpenAI's (the /v1 routes')."""
+    return body["error"]["type"] if isinstance(body["error"], dict) else body["error_type"]
 
 
 @pytest.fixture(scope="module")
@@ -149,17 +155,17 @@ def test_no_generated_request_gets_a_server_error(live, api_schema, method, path
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
     @given(case=strategy)
     def run(case):
-        if path == "/v1/completions" and isinstance(case.body, dict) and "model" in case.body:
+        if path.startswith("/v1/") and isinstance(case.body, dict) and "model" in case.body:
             case.body["model"] = "tiny"  # else nearly every case stops at 404 before the engine
         response = case.call(base_url=live.url, timeout=60)
         sent = f"{case.method} {case.path} body={case.body!r}"
         # 504 is a deadline the request itself set (parameters.timeout), reported as such
         assert response.status_code < 500 or (response.status_code == 504 and
-                                              response.json()["error_type"] == "timeout"), \
+                                              error_type(response.json()) == "timeout"), \
             f"{sent} -> {response.status_code} {response.text[:500]}"
         if "text/event-stream" in str(response.headers.get("content-type")):
             errors = [e for e in sse_events(response.text.splitlines()) if isinstance(e, dict) and "error" in e]
-            assert not [e for e in errors if e["error_type"] in FAILED_GENERATION], f"{sent} -> {errors}"
+            assert not [e for e in errors if error_type(e) in FAILED_GENERATION], f"{sent} -> {errors}"
 
     run()
     assert_served_on(live)
