@@ -41,7 +41,7 @@ def lr_at(step: int, max_steps: int, warmup: int, lr: float, min_lr: float) -> f
 
 def random_batch(data: torch.Tensor, batch_size: int, block: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     starts = torch.randint(0, len(data) - block - 1, (batch_size,), generator=gen)  # (B,)
-    idx = starts[:, None] + torch.arange(block + 1)  # (B, block + 1)
+    idx = starts[:, None] + torch.arange(block + 1)  # (B, block + 1), on the CPU like `data` (batches move later)
     window = data[idx]
     return window[:, :-1], window[:, 1:]  # (B, block), (B, block)
 
@@ -56,7 +56,8 @@ def evaluate(model: GPT, data: torch.Tensor, token_bytes: torch.Tensor, block: i
         n_windows = min(n_windows, max_batches * batch_size)
     total_nats, total_tokens, total_bytes = 0.0, 0, 0
     for start in range(0, n_windows, batch_size):
-        rows = torch.arange(start, min(start + batch_size, n_windows))[:, None] * block + torch.arange(block + 1)
+        rows = (torch.arange(start, min(start + batch_size, n_windows), device=data.device)[:, None] * block
+                + torch.arange(block + 1, device=data.device))  # (b, block + 1)
         window = data[rows]  # (b, block + 1)
         x, y = window[:, :-1], window[:, 1:]
         logits = model(x)  # (b, block, V)

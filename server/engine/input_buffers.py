@@ -25,6 +25,7 @@ class InputBuffers:
         self._device = torch.zeros(offset, dtype=torch.uint8, device=device) if on_cuda else self._host
         self.host = {name: self._view(self._host.numpy(), name) for name in self.layout}
         self.tensors = {name: self._tensor(self._device, name) for name in self.layout}
+        self._copied = torch.cuda.Event() if on_cuda else None  # the last upload's copy has left the host buffer
 
     def _view(self, raw: np.ndarray, name: str) -> np.ndarray:
         offset, dtype, shape = self.layout[name]
@@ -35,7 +36,13 @@ class InputBuffers:
         size = int(np.prod(shape)) * dtype.itemsize
         return raw[offset: offset + size].view(_TORCH[dtype]).view(shape)
 
+    def wait_copied(self) -> None:
+        """Before the host side is written again: the previous upload's copy must have read it."""
+        if self._copied is not None:
+            self._copied.synchronize()
+
     def upload(self) -> None:
         """The step's one host-to-device copy (nothing to do on the CPU)."""
         if self._device is not self._host:
             self._device.copy_(self._host, non_blocking=True)
+            self._copied.record()

@@ -104,6 +104,7 @@ class ModelRunner:
 
     def prepare(self, sched: SchedulerOutput) -> tuple[StepBatch, list[Request]]:
         """Fills the step's buffers; returns the batch and the requests that sample, in row order."""
+        self.buffers.wait_copied()
         host = self.buffers.host
         rows, starts, counts, ids, sampling = [], [], [], [], []
         for i, (req, n) in enumerate(sched.num_tokens.items()):
