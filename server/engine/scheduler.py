@@ -2,8 +2,9 @@
 one {request: num_tokens} for prefill and decode alike.
 
 Each step, under a budget of `max_num_batched_tokens`:
-1. every running request past its prompt decodes one token, and every uncached one recomputes its
-   whole sequence (neither is ever split, so they may exceed the budget);
+1. every running request past its prompt decodes one token (against the budget), and every uncached
+   one recomputes its whole sequence (never split, and outside the budget: `use_cache: false` is
+   asked to cost what it costs, not to hold back the cached requests' prompts);
 2. running requests still reading their prompt get the next chunk from what budget is left, and at
    least MIN_PROMPT_TOKENS, so that prompts progress however many rows decode;
 3. waiting requests are admitted, first come first served, while the budget lasts, fewer than
@@ -125,7 +126,7 @@ class Scheduler:
                     continue  # still reading its prompt: step 2
                 if self._make_room(req, req.num_tokens, out):
                     out.num_tokens[req] = n
-                    budget -= n
+                    budget -= n if req.use_cache else 0
             budget = max(budget, MIN_PROMPT_TOKENS)
             for req in self.running:  # 2. prompt chunks of running requests
                 if budget <= 0:
@@ -139,15 +140,15 @@ class Scheduler:
                     break
                 if req.wait_for is not None and not self._prompt_cached(req.wait_for):
                     continue  # a copy: it takes its prompt from the first copy's blocks once they are cached
-                if not req.use_cache and req.num_tokens > budget and out.num_tokens:
-                    break  # a recompute is never split: it waits for a step with room
                 hits = self.blocks.cached_prefix(req)
                 if not self.blocks.can_admit(req, hits):
                     break
                 self.waiting.remove(req)
                 self._admit(req, hits)
-                n = req.num_tokens - req.num_computed if not req.use_cache else min(
-                    req.num_tokens - req.num_computed, budget)
+                if not req.use_cache:  # a whole recompute, outside the budget
+                    out.num_tokens[req] = req.num_tokens
+                    continue
+                n = min(req.num_tokens - req.num_computed, budget)
                 out.num_tokens[req] = n
                 budget -= n
             return out
