@@ -61,6 +61,14 @@ void write_cache(const T* qkv, T* cache, const Step& s) {
   });
 }
 
+// The next block's keys or values while this one's are read: blocks lie anywhere in the cache, so
+// the hardware prefetcher cannot see the next one coming.
+template <typename T>
+inline void prefetch(const T* p, int64_t elems) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t at = 0; at < elems * int64_t(sizeof(T)); at += 64) _mm_prefetch(c + at, _MM_HINT_T0);
+}
+
 // One (token, head): NV = head_dim / 8 vectors per key, so the sums stay in registers.
 template <int NV, typename T>
 void attend_one(const T* q_in, const T* cache, const int32_t* blocks, int64_t n, int64_t head, const Step& s,
@@ -74,8 +82,10 @@ void attend_one(const T* q_in, const T* cache, const int32_t* blocks, int64_t n,
   if (int64_t(scores.size()) < padded) scores.resize(size_t(padded));
   float* sc = scores.data();
   const __m256 scale = _mm256_set1_ps(s.scale);
+  const int64_t num_blocks = (n + bs - 1) / bs;
   for (int64_t j0 = 0, b = 0; j0 < n; j0 += bs, ++b) {
     const T* keys = cache + int64_t(blocks[b]) * block_elems + head * hd * bs;  // [hd][bs]
+    if (b + 1 < num_blocks) prefetch(cache + int64_t(blocks[b + 1]) * block_elems + head * hd * bs, hd * bs);
     for (int64_t c = 0; c < bs; c += 8) {
       __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
 #pragma GCC unroll 16
@@ -103,6 +113,7 @@ void attend_one(const T* q_in, const T* cache, const int32_t* blocks, int64_t n,
   for (int c = 0; c < NV; ++c) even[c] = odd[c] = _mm256_setzero_ps();
   for (int64_t j0 = 0, b = 0; j0 < n; j0 += bs, ++b) {
     const T* values = cache + int64_t(blocks[b]) * block_elems + C * bs + head * bs * hd;  // [bs][hd]
+    if (b + 1 < num_blocks) prefetch(cache + int64_t(blocks[b + 1]) * block_elems + C * bs + head * bs * hd, bs * hd);
     const int64_t len = std::min(bs, n - j0);
     int64_t o = 0;
     for (; o + 1 < len; o += 2) {
@@ -145,14 +156,19 @@ void paged_attention(const T* qkv, T* cache, const Step& s, T* out) {
   for (int64_t q = 0; q < s.seqs; ++q)
     for (int32_t i = s.query_start[q]; i < s.query_start[q + 1]; ++i) seq_of[size_t(i)] = int32_t(q);
   const AttendFn<T> attend = attend_for<T>(s.head_dim);
-  ThreadPool::instance().run(s.tokens * s.heads, [&](int64_t task) {
+  // A task is a token and a span of its heads: all of them (the heads of a block sit side by side)
+  // when there are tokens enough to keep every thread busy, one each otherwise.
+  const int64_t span = s.tokens >= 2 * ThreadPool::instance().num_threads() ? s.heads : 1;
+  const int64_t spans = s.heads / span;
+  ThreadPool::instance().run(s.tokens * spans, [&](int64_t task) {
     thread_local std::vector<float> scores;
-    const int64_t i = task / s.heads, head = task % s.heads;
+    const int64_t i = task / spans, first = task % spans * span;
     const int64_t q = seq_of[size_t(i)];
     const int64_t position = s.seq_lens[q] - (s.query_start[q + 1] - i);
     const int32_t* blocks = s.block_tables + int64_t(s.seq_rows[q]) * s.block_table_stride;
-    attend(qkv + i * 3 * C + head * s.head_dim, cache, blocks, position + 1, head, s, scores,
-           out + i * C + head * s.head_dim);
+    for (int64_t head = first; head < first + span; ++head)
+      attend(qkv + i * 3 * C + head * s.head_dim, cache, blocks, position + 1, head, s, scores,
+             out + i * C + head * s.head_dim);
   });
 }
 
