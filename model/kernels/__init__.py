@@ -27,7 +27,8 @@ from model.kernels.build import KernelBuildError, load
 
 log = logging.getLogger("kvserve.kernels")
 
-GROUP = 64  # output columns per packed weight group (csrc/linear.cpp)
+GROUP = 64  # output columns per packed weight group: one task of csrc/linear.cpp
+STRIP = 16  # output columns per strip of a group, each stored k-major
 EPILOGUE_NONE, EPILOGUE_GELU, EPILOGUE_RESIDUAL = 0, 1, 2
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1}
 _EXACT_DTYPES = tuple(_DTYPE_CODE)
@@ -86,10 +87,11 @@ def num_threads() -> int:
 
 @dataclass
 class PackedWeight:
-    """A linear layer's (in, out) weight packed for csrc/linear.cpp: (groups, in, 64), zero past `n_out`,
-    with its bias in float32 (zeros where the layer has none), padded to the groups."""
+    """A linear layer's (in, out) weight packed for csrc/linear.cpp: (groups, 4, in, 16), strips of 16
+    columns each stored k-major, zero past `n_out`, with its bias in float32 (zeros where the layer has
+    none), padded to the groups."""
 
-    weight: torch.Tensor  # (groups, n_in, GROUP)
+    weight: torch.Tensor  # (groups, GROUP // STRIP, n_in, STRIP)
     bias: torch.Tensor  # (groups * GROUP,) float32
     n_in: int
     n_out: int
@@ -101,7 +103,8 @@ class PackedWeight:
         groups = -(-n_out // GROUP)
         padded = torch.zeros(n_in, groups * GROUP, dtype=weight.dtype, device=weight.device)  # (in, out padded)
         padded[:, :n_out] = weight.detach()
-        packed = padded.view(n_in, groups, GROUP).transpose(0, 1).contiguous()  # (groups, in, GROUP)
+        strips = padded.view(n_in, groups, GROUP // STRIP, STRIP).permute(1, 2, 0, 3)  # (groups, 4, in, STRIP)
+        packed = strips.contiguous()
         b = torch.zeros(groups * GROUP, dtype=torch.float32, device=weight.device)
         if bias is not None:
             b[:n_out] = bias.detach().float()
@@ -233,7 +236,7 @@ def paged_attention(qkv: torch.Tensor, cache_layer: torch.Tensor, step, n_head: 
     return out
 
 
-__all__ = ["EPILOGUE_GELU", "EPILOGUE_NONE", "EPILOGUE_RESIDUAL", "GROUP", "ExactModel", "PackedNorm", "PackedWeight",
+__all__ = ["EPILOGUE_GELU", "EPILOGUE_NONE", "EPILOGUE_RESIDUAL", "GROUP", "STRIP", "ExactModel", "PackedNorm", "PackedWeight",
            "embed", "greedy",
            "exact_attention_supported",
            "kernels_for", "linear", "num_threads", "paged_attention", "set_num_threads", "stock",

@@ -6,8 +6,9 @@
 // the tile it falls in or the thread that computes it. Tiles differ only in how many rows and
 // columns share each load, never in the arithmetic of one element.
 //
-// W is packed once at load (model/kernels/__init__.py, pack_weight): column groups of 64, each
-// stored k-major, (groups, K, 64), zero-padded past O, so a group streams from memory in one pass.
+// W is packed once at load (model/kernels/__init__.py, PackedWeight.pack): groups of 64 columns,
+// each four strips of 16 columns stored k-major, (groups, 4, K, 16), zero-padded past O. A strip is
+// one cache line per k, so whatever the tile, the weights stream from memory in order, once.
 // Threads split the groups (and, for many rows, blocks of rows); never the reduction.
 #include <algorithm>
 #include <type_traits>
@@ -20,38 +21,46 @@
 namespace kv {
 namespace {
 
-constexpr int64_t kGroup = 64;     // columns per packed group
+constexpr int64_t kGroup = 64;     // columns per packed group: one task
+constexpr int64_t kStrip = 16;     // columns per strip: two vectors
+constexpr int64_t kStrips = kGroup / kStrip;
 constexpr int64_t kRowTile = 6;    // rows sharing each weight load, at most
 constexpr int64_t kRowBlock = 96;  // rows per task when there are many (a multiple of kRowTile)
+// How many k rows (cache lines) of a strip are asked for ahead of the loads: the hardware prefetcher
+// alone leaves the first pass over a strip waiting on memory whenever the weights are not in cache.
+constexpr int64_t kPrefetchAhead = 32;
 
 enum Epilogue { kNone = 0, kGelu = 1, kResidual = 2 };
 
-// acc[r][c] = sum over k of x[r][k] * w[k][8c .. 8c+7], R rows and NV vectors of 8 columns. The sums
-// live in a local array that nothing else can see until the loop ends, so they stay in registers
-// (__m256 may alias float, so sums written through a pointer would go back to memory every k).
-template <int R, int NV, typename W>
-inline void tile(const float* x, int64_t K, const W* w, __m256 (&out)[R][NV]) {
-  __m256 acc[R][NV];
+// acc[r][2s + c] = sum over k of x[r][k] * ws[s][k][8c .. 8c+7]: R rows against S adjacent strips
+// (K * 16 apart). The sums live in a local array that nothing else can see until the loop ends, so
+// they stay in registers (__m256 may alias float, so sums written through a pointer would go back to
+// memory every k).
+template <int R, int S, typename W>
+inline void tile(const float* x, int64_t K, const W* ws, __m256 (&out)[R][2 * S]) {
+  __m256 acc[R][2 * S];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < NV; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int c = 0; c < 2 * S; ++c) acc[r][c] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
-    const W* wk = w + k * kGroup;
-    __m256 wv[NV];
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) {
+      const W* wk = ws + (s * K + k) * kStrip;
+      const __m256 w0 = load8(wk), w1 = load8(wk + 8);
+      _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetchAhead * kStrip), _MM_HINT_T0);
 #pragma GCC unroll 8
-    for (int c = 0; c < NV; ++c) wv[c] = load8(wk + 8 * c);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m256 xb = _mm256_broadcast_ss(x + r * K + k);
-#pragma GCC unroll 8
-      for (int c = 0; c < NV; ++c) acc[r][c] = _mm256_fmadd_ps(xb, wv[c], acc[r][c]);
+      for (int r = 0; r < R; ++r) {
+        const __m256 xb = _mm256_broadcast_ss(x + r * K + k);
+        acc[r][2 * s] = _mm256_fmadd_ps(xb, w0, acc[r][2 * s]);
+        acc[r][2 * s + 1] = _mm256_fmadd_ps(xb, w1, acc[r][2 * s + 1]);
+      }
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < NV; ++c) out[r][c] = acc[r][c];
+    for (int c = 0; c < 2 * S; ++c) out[r][c] = acc[r][c];
 }
 
 template <typename T> struct Output {
@@ -82,30 +91,20 @@ inline void finish(const Output<T>& out, int64_t row, int64_t col, __m256 acc[R]
   }
 }
 
-// Rows [row, row + R) against one packed group: one 64-wide tile for a single row (8 accumulators
-// keep the FMA pipes busy), two 32-wide tiles for two rows, four 16-wide tiles for three to six.
+// Rows [row, row + R) against one group, S strips per tile: enough accumulators to keep the FMA
+// pipes busy (8 to 12) and few enough to stay in the 16 registers with the weights and a broadcast.
 template <int R, typename W, typename T>
 inline void rows_by_group(const float* x, int64_t K, const W* wg, const Output<T>& out, int64_t row, int64_t col) {
-  constexpr int NV = R == 1 ? 8 : R == 2 ? 4 : 2;
-  for (int64_t part = 0; part < kGroup / (8 * NV); ++part) {
-    __m256 acc[R][NV];
-    tile<R, NV>(x + row * K, K, wg + part * 8 * NV, acc);
-    finish<R, NV>(out, row, col + part * 8 * NV, acc);
+  constexpr int S = R == 1 ? 4 : R <= 3 ? 2 : 1;
+  for (int64_t s = 0; s < kStrips; s += S) {
+    __m256 acc[R][2 * S];
+    tile<R, S>(x + row * K, K, wg + s * K * kStrip, acc);
+    finish<R, 2 * S>(out, row, col + s * kStrip, acc);
   }
-}
-
-// Asks for a whole group before tiles of several rows read it, each a quarter of every k row: so it
-// streams in at once instead of line by line as four strided passes miss on it.
-template <typename W>
-inline void prefetch_group(const W* wg, int64_t K) {
-  const char* p = reinterpret_cast<const char*>(wg);
-  const int64_t bytes = K * kGroup * int64_t(sizeof(W));
-  for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(p + at, _MM_HINT_T1);
 }
 
 template <typename W, typename T>
 void run_rows(const float* x, int64_t K, const W* wg, const Output<T>& out, int64_t row, int64_t rows, int64_t col) {
-  if (rows > 1) prefetch_group(wg, K);
   for (int64_t r = row; r < row + rows; r += kRowTile) {
     switch (std::min<int64_t>(kRowTile, row + rows - r)) {
       case 1: rows_by_group<1>(x, K, wg, out, r, col); break;
