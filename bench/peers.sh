@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# bench/peers.sh PEERS_DIR OUT_DIR [ROUNDS]: this server, llama-server (f32) and vLLM's CPU build on the
-# default checkpoint, in turns, one at a time, each driven by `vllm bench serve` (random 64-token
-# prompts, 128 new tokens, greedy) at concurrency 1, 8 and 32. Needs ../shared/peers/setup.sh PEERS_DIR
+# bench/peers.sh PEERS_DIR OUT_DIR [ROUNDS]: this server, llama-server (f32 and f16 weights) and vLLM's
+# CPU build on the default checkpoint, in turns, one at a time, each driven by `vllm bench serve`
+# (random 64-token prompts, 128 new tokens, greedy) at concurrency 1, 8 and 32 (32, 64 and 128
+# prompts). SERVERS="ours llama-f32" picks some. Needs ../shared/peers/setup.sh PEERS_DIR
 # first (not part of this project: a measuring tool, kept out of the dependencies and of CI).
 # Output tokens/s are counted by each server's own metrics (vllm bench miscounts llama-server's).
 set -uo pipefail
@@ -13,14 +14,14 @@ SHARED=../shared/peers
 counter() {  # generated tokens so far, from the server's own metrics
   case $1 in
     ours) curl -s localhost:8100/metrics | awk '/^kvserve:generation_tokens_total/ {print $2}' ;;
-    llama-f32) curl -s localhost:8300/metrics | awk '/^llamacpp:tokens_predicted_total/ {print $2}' ;;
+    llama-*) curl -s localhost:8300/metrics | awk '/^llamacpp:tokens_predicted_total/ {print $2}' ;;
     vllm) curl -s localhost:8200/metrics | awk '/^vllm:generation_tokens_total/ {s+=$2} END {print s}' ;;
   esac
 }
 start() {
   case $1 in
     ours) .venv/bin/python -m server --port 8100 --log-level warning > "$OUT/$1.log" 2>&1 & URL=http://127.0.0.1:8100 ;;
-    llama-f32) bash $SHARED/serve.sh "$PEERS" llama-f32 8300 > "$OUT/$1.log" 2>&1 & URL=http://127.0.0.1:8300 ;;
+    llama-*) bash $SHARED/serve.sh "$PEERS" "$1" 8300 > "$OUT/$1.log" 2>&1 & URL=http://127.0.0.1:8300 ;;
     vllm) bash $SHARED/serve.sh "$PEERS" vllm 8200 > "$OUT/$1.log" 2>&1 & URL=http://127.0.0.1:8200 ;;
   esac
   PID=$!
@@ -29,10 +30,10 @@ start() {
 }
 MODEL_OF() { case $1 in vllm) echo "$(cd checkpoints/shakespeare-small && pwd)" ;; *) echo shakespeare-small ;; esac; }
 for round in $(seq 1 "$ROUNDS"); do
-  for server in ours llama-f32 vllm; do
+  for server in ${SERVERS:-ours llama-f32 llama-f16 vllm}; do
     start $server || { echo "$server did not start" >> "$OUT/summary.txt"; kill $PID; continue; }
     for c in 1 8 32; do
-      n=$(( c == 32 ? 128 : 32 ))
+      n=$(( c == 1 ? 32 : 4 * c ))
       before=$(counter $server)
       bash $SHARED/bench.sh "$PEERS" "$URL" "$(MODEL_OF $server)" $c $n "$OUT/${server}_c${c}_r${round}.json" \
         > "$OUT/${server}_c${c}_r${round}.log" 2>&1

@@ -46,15 +46,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1...")
     ap.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
     eng = ap.add_argument_group("engine (see 'The KV cache' in README.md)")
-    eng.add_argument("--max-num-seqs", type=_at_least(int, 0), default=128,
+    defaults = EngineConfig()
+    eng.add_argument("--max-num-seqs", type=_at_least(int, 0), default=defaults.max_num_seqs,
                      help="requests running at once, at most (they also need KV-cache blocks)")
-    eng.add_argument("--max-waiting", type=_at_least(int, 0, strict=False), default=128,
+    eng.add_argument("--max-waiting", type=_at_least(int, 0, strict=False), default=defaults.max_waiting,
                      help="requests queued beyond those running; past that, 429")
-    eng.add_argument("--max-num-batched-tokens", type=_at_least(int, 0), default=256,
+    eng.add_argument("--max-num-batched-tokens", type=_at_least(int, 0), default=defaults.max_num_batched_tokens,
                      help="tokens one step computes: every decode row, then prompt chunks up to this budget")
-    eng.add_argument("--kv-cache-memory", type=parse_bytes, default=134217728,
+    eng.add_argument("--kv-cache-memory", type=parse_bytes, default=defaults.kv_cache_memory,
                      help="bytes of KV cache for all layers (e.g. 128MiB, 1GB); sets the number of blocks")
-    eng.add_argument("--block-size", type=_at_least(int, 0), default=16,
+    eng.add_argument("--block-size", type=_at_least(int, 0), default=defaults.block_size,
                      help="tokens per KV-cache block (a multiple of 8 for the exact kernels)")
     eng.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                      help="never reuse the keys and values of a prompt prefix another request computed")

@@ -5,12 +5,22 @@ import pytest
 
 from model.checkpoint import DEFAULT_CHECKPOINT
 from server.__main__ import main, parse_args
+from server.engine.config import EngineConfig
 
 
 def test_defaults_follow_the_brief():
     args = parse_args([])
     assert (args.checkpoint, args.host, args.port, args.device, args.dtype) == (
         DEFAULT_CHECKPOINT, "127.0.0.1", 8000, "auto", "float32")
+
+
+def test_engine_flags_default_to_the_engine_config():
+    """The server and an Engine built in code run with the same settings (the flag once said 256)."""
+    args, config = parse_args([]), EngineConfig()
+    assert (args.max_num_seqs, args.max_waiting, args.max_num_batched_tokens, args.kv_cache_memory,
+            args.block_size, args.prefix_caching) == (
+        config.max_num_seqs, config.max_waiting, config.max_num_batched_tokens, config.kv_cache_memory,
+        config.block_size, config.enable_prefix_caching)
 
 
 def test_flags_parse():

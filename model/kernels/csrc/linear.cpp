@@ -26,8 +26,9 @@ constexpr int64_t kStrip = 16;     // columns per strip: two vectors
 constexpr int64_t kStrips = kGroup / kStrip;
 constexpr int64_t kRowTile = 6;    // rows sharing each weight load, at most
 constexpr int64_t kRowBlock = 96;  // rows per task when there are many (a multiple of kRowTile)
-// How many k rows (cache lines) of a strip are asked for ahead of the loads: the hardware prefetcher
-// alone leaves the first pass over a strip waiting on memory whenever the weights are not in cache.
+// How many k rows (cache lines) of a strip are asked for ahead of the loads, in tiles of several rows:
+// their compute between two lines of a strip is long enough that the hardware prefetcher alone leaves
+// the first pass waiting on memory. The one-row tile streams four strips at once, fast enough for it.
 constexpr int64_t kPrefetchAhead = 32;
 
 enum Epilogue { kNone = 0, kGelu = 1, kResidual = 2 };
@@ -48,7 +49,7 @@ inline void tile(const float* x, int64_t K, const W* ws, __m256 (&out)[R][2 * S]
     for (int s = 0; s < S; ++s) {
       const W* wk = ws + (s * K + k) * kStrip;
       const __m256 w0 = load8(wk), w1 = load8(wk + 8);
-      _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetchAhead * kStrip), _MM_HINT_T0);
+      if (R > 1) _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetchAhead * kStrip), _MM_HINT_T0);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const __m256 xb = _mm256_broadcast_ss(x + r * K + k);
