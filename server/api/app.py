@@ -20,6 +20,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.engine import Engine
+from server.api.errors import is_openai_path
 from server.api.metrics import Metrics
 from server.api.middleware import BearerAuth, BodySizeLimit
 from server.api.playground import router as playground_router
@@ -78,7 +79,7 @@ class AppState:
 
 def _openai_route(request: Request) -> bool:
     """OpenAI's routes answer errors in OpenAI's shape, which its clients read; the others in TGI's."""
-    return request.url.path.startswith("/v1/")
+    return is_openai_path(request.url.path)
 
 
 def _validation_message(exc: RequestValidationError) -> str:

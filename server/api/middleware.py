@@ -1,5 +1,5 @@
 """Pure ASGI middleware that guards the app before any route runs: the API key and the body size.
-Both answer in the app's error shape ({"error": ..., "error_type": ...}) and report each refusal
+Both answer in the app's error shapes (TGI's, or OpenAI's on /v1/) and report each refusal
 through `on_reject(reason)`, which the app wires to /metrics."""
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.api.errors import error_body, is_openai_path
+
 PUBLIC_PATHS = ("/health",)  # open without the key, for load balancers and orchestrators
 PUBLIC_PAGE = ("/", "/static/")  # the playground page and its files: no data in them; the API calls need the key
 DRAIN_LIMIT = 64 * 2**20  # bytes of a refused body read and dropped so that the 413 reaches the client
 
 
-async def send_error(send: Send, status: int, message: str, error_type: str,
+async def send_error(scope: Scope, send: Send, status: int, message: str, error_type: str,
                      headers: dict[str, str] | None = None) -> None:
-    body = json.dumps({"error": message, "error_type": error_type}).encode()
+    body = json.dumps(error_body(status, message, error_type, is_openai_path(scope.get("path", "")))).encode()
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
@@ -50,7 +52,7 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         self.on_reject("unauthorized")
-        await send_error(send, 401, "a valid API key is needed: send the header 'Authorization: Bearer <key>'",
+        await send_error(scope, send, 401, "a valid API key is needed: send the header 'Authorization: Bearer <key>'",
                          "unauthorized", headers={"WWW-Authenticate": "Bearer"})
 
     def _authorized(self, scope: Scope) -> bool:
@@ -73,7 +75,7 @@ class BodySizeLimit:
             return
         declared = _header(scope, b"content-length")
         if declared is not None and declared.strip().isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send, receive)
+            await self._refuse(scope, send, receive)
             return
         chunks, size = [], 0
         while True:
@@ -83,7 +85,7 @@ class BodySizeLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await self._refuse(send, receive if message.get("more_body", False) else None)
+                await self._refuse(scope, send, receive if message.get("more_body", False) else None)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -99,7 +101,7 @@ class BodySizeLimit:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send: Send, receive: Receive | None) -> None:
+    async def _refuse(self, scope: Scope, send: Send, receive: Receive | None) -> None:
         """Discards what is left of the body (up to DRAIN_LIMIT bytes) before answering: a server that
         closes a connection with unread bytes in it resets it, and the client then sees a broken
         connection instead of the 413. Past the limit the connection is closed all the same."""
@@ -112,5 +114,5 @@ class BodySizeLimit:
             if not message.get("more_body", False):
                 break
         self.on_reject("body_too_large")
-        await send_error(send, 413, f"the request body is larger than the limit of {self.max_bytes} bytes "
+        await send_error(scope, send, 413, f"the request body is larger than the limit of {self.max_bytes} bytes "
                          "(--max-body-bytes)", "body_too_large", headers={"Connection": "close"})

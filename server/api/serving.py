@@ -17,6 +17,7 @@ from starlette.background import BackgroundTask
 
 from model.generate import PromptError
 from model.sampling import MAX_LOGPROBS, SamplingError, SamplingParams
+from server.api.errors import error_body
 from server.api.metrics import Metrics
 from server.api.protocol import ErrorResponse
 from server.engine import (FINISH_ABORT, FINISH_ERROR, AsyncSink, Engine, EngineStoppedError, QueueFullError,
@@ -92,11 +93,8 @@ class APIError(Exception):
     def response(self, openai: bool = False) -> JSONResponse:
         """TGI's {"error": message, "error_type": type}, or with `openai` OpenAI's
         {"error": {"message", "type", "param", "code"}}, which its clients show."""
-        if openai:
-            body = {"error": {"message": self.message, "type": self.error_type, "param": None, "code": self.status}}
-        else:
-            body = ErrorResponse(error=self.message, error_type=self.error_type).model_dump()
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return JSONResponse(error_body(self.status, self.message, self.error_type, openai), status_code=self.status,
+                            headers=self.headers)
 
 
 def sampling_params(vocab_size: int, **kw) -> SamplingParams:

@@ -66,21 +66,25 @@ class LogprobsBuilder:
         scored = {e.position: e for e in (first.prompt_logprobs or [])} if first is not None else {}
         tokens = [self.decode([t]) for t in prompt_ids]
         logprobs = [scored[i].logprob if i in scored else None for i in range(len(prompt_ids))]
-        top = [self._top(scored[i].top) if i in scored and self.top else None for i in range(len(prompt_ids))]
+        top = [self._top(scored[i].top, prompt_ids[i], scored[i].logprob) if i in scored and self.top else None
+               for i in range(len(prompt_ids))]
         return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=top if self.top else None,
                                   text_offset=_offsets(tokens, 0))
 
     def generated(self, outs: list[TokenOutput], offset: int) -> CompletionLogprobs:
         tokens = [o.text for o in outs]
         return CompletionLogprobs(tokens=tokens, token_logprobs=[o.logprob for o in outs],
-                                  top_logprobs=[self._top(o.top_logprobs) for o in outs] if self.top else None,
+                                  top_logprobs=[self._top(o.top_logprobs, o.token_id, o.logprob) for o in outs]
+                                  if self.top else None,
                                   text_offset=_offsets(tokens, offset))
 
-    def _top(self, pairs) -> dict[str, float] | None:
+    def _top(self, pairs, chosen: int, chosen_logprob: float) -> dict[str, float] | None:
+        """The likeliest alternatives and, as OpenAI gives it, the chosen token too when it is not among
+        them: up to `logprobs` + 1 entries."""
         if pairs is None:
             return None
         out: dict[str, float] = {}
-        for token, logprob in pairs:
+        for token, logprob in [*pairs, (chosen, chosen_logprob)]:
             out.setdefault(self.decode([token]), logprob)  # two ids may decode alike: the likelier stays
         return out
 

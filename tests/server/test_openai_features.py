@@ -99,6 +99,13 @@ def test_logprobs_give_the_top_alternatives_of_each_token(client):
         assert 1 <= len(top) <= 3
         assert max(top.values()) == pytest.approx(logprob, abs=1e-6), "greedy: the chosen token is the likeliest"
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+    # as OpenAI gives it, the chosen token is in top_logprobs too, also where it is not among the likeliest
+    sampled = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=2.0, seed=3,
+                                        logprobs=1).choices[0].logprobs
+    # (keys are each id's own text: where two ids both decode to a part of one character, '\ufffd', the likelier stays)
+    for logprob, top in zip(sampled.token_logprobs, sampled.top_logprobs):
+        assert (logprob in top.values() or "\ufffd" in top) and 1 <= len(top) <= 2
+    assert any(len(top) == 2 for top in sampled.top_logprobs), "temperature 2 never sampled past the likeliest"
 
 
 def direct_prompt_logprobs(model, ids):
@@ -116,6 +123,8 @@ def test_echo_with_max_tokens_0_scores_the_prompt_as_a_direct_forward_and_as_dec
     assert choice.text == PROMPT and out.usage.completion_tokens == 0
     scored = choice.logprobs.token_logprobs
     assert len(scored) == len(ids) and scored[0] is None and choice.logprobs.top_logprobs[0] is None
+    for logprob, top in zip(scored[1:], choice.logprobs.top_logprobs[1:]):
+        assert (logprob in top.values() or "\ufffd" in top) and 1 <= len(top) <= 3  # the prompt's own token, and the likeliest 2
     direct = direct_prompt_logprobs(live.engine.model, ids)
     for got, want in zip(scored[1:], direct[1:]):
         assert got == want if EXACT else abs(got - want) <= 1e-4
