@@ -4,6 +4,7 @@ answers 503 until the model is loaded and warm, then 200, and 503 again once shu
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import threading
@@ -69,6 +70,11 @@ class AppState:
             log.exception("loading the engine failed")
             self.load_error = f"{type(e).__name__}: {e}"
             return
+        # What loading left lives as long as the process: frozen out of the collector's way, so that a full
+        # collection while serving (it holds every thread, the engine's too) scans only what came since
+        # (BENCHMARKS.md); vLLM freezes its heap after startup too.
+        gc.collect()
+        gc.freeze()
         stats = engine.stats
         self.metrics.bind(lambda: engine.num_running, lambda: engine.num_waiting, lambda: engine.kv_cache_usage,
                           lambda: {"prefix_cache_queries": stats.prefix_cache_queries,

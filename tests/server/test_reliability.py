@@ -3,6 +3,7 @@ stop strings never leak over HTTP, and a soak of mixed, partly abandoned request
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import threading
 
@@ -12,7 +13,7 @@ import torch
 
 from server.engine.model_runner import ModelRunner
 from server.api.serving import Limits
-from tests.server.conftest import ServerProcess, blocks_free, hook_sampling, sse_events, wait_for
+from tests.server.conftest import ServerProcess, blocks_free, hook_sampling, serve, sse_events, wait_for
 
 GREEDY = {"max_new_tokens": 12, "ignore_eos": True}
 
@@ -297,5 +298,17 @@ def test_soak_mixed_requests_with_disconnects_leave_nothing_behind(tiny_checkpoi
         assert cancelled > 0 and cancelled < SOAK_REQUESTS  # the mix did abandon some, and served the rest
         assert rss_after < rss_before * 1.2 + 32 * 2**20, figures  # no growth with the number of requests
         assert httpx.post(server.url + "/generate", json={"inputs": "To be"}, timeout=60).status_code == 200
+    finally:
+        server.stop()
+
+
+def test_a_ready_server_has_frozen_what_loading_left_out_of_the_collectors_way(tiny_checkpoint):
+    """A full garbage collection holds every thread, the engine's too; over a loaded server's heap it is a
+    stall of every stream (BENCHMARKS.md). Once ready, the server has frozen that heap."""
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    server = serve(tiny_checkpoint)
+    try:
+        assert gc.get_freeze_count() > 0
     finally:
         server.stop()
