@@ -213,9 +213,6 @@ class GPT(nn.Module):
     def forward_step(self, step: StepBatch, cache: PagedKVCache) -> torch.Tensor:
         """The flattened step: writes every token's keys/values to its slot and returns the final
         hidden states (N, C), before ln_f; `compute_logits` turns the rows that sample into logits."""
-        if self.kernels == "exact" and not kernels.exact_attention_supported(self.config.head_dim, cache.block_size):
-            raise ValueError(f"the exact attention needs head_dim and block_size multiples of 8, got "
-                             f"{self.config.head_dim} and {cache.block_size}")
         if self.exact is not None:  # the blocks below, op for op, in one call (csrc/forward.cpp)
             return self.exact.forward(step, cache)  # (N, C)
         step = step.trimmed()

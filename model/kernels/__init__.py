@@ -202,7 +202,10 @@ class ExactModel:
                                  step.positions.data_ptr(), N, step.slot_mapping.data_ptr(), step.num_seqs,
                                  step.query_start.data_ptr(), step.seq_lens.data_ptr(), step.block_tables.data_ptr(),
                                  step.block_tables.stride(0), step.seq_rows.data_ptr(), x.data_ptr())
-        if failed:
+        if failed:  # checked here, not before every step: the kernels refuse what they lack
+            if not exact_attention_supported(self.struct.n_embd // self.struct.n_head, cache.block_size):
+                raise ValueError(f"the exact attention needs head_dim and block_size multiples of 8, got "
+                                 f"{self.struct.n_embd // self.struct.n_head} and {cache.block_size}")
             raise RuntimeError("the exact forward refused its arguments (a dtype, head_dim or block size it lacks)")
         return x
 

@@ -26,7 +26,7 @@ class OutputProcessor:
         event carries the prompt's logprobs when the request asked for them."""
         first = req.num_output_tokens == 0
         now = time.perf_counter()
-        if req.num_output_tokens == 0:
+        if first:
             req.stats.first_token = now
         req.token_ids.append(token_id)
         text = req.output.push(token_id)
