@@ -67,12 +67,6 @@ def recompute(model: GPT, cache: PagedKVCache, ids: list[int], blocks: list[int]
     return prefill(model, cache, ids, blocks, 0)
 
 
-@torch.inference_mode()
-def full_recompute(model: GPT, ids: torch.Tensor) -> torch.Tensor:
-    """The reference forward (B, T) through torch's kernels, last position's logits (B, V) in float32."""
-    return model(ids)[:, -1].float()
-
-
 @dataclass
 class Step:
     token_id: int

@@ -127,14 +127,6 @@ class PagedKVCache:
         nb, bs, nh, hd = self.num_blocks, self.block_size, self.n_head, self.head_dim
         return kv[:, 0].view(nb, nh, hd, bs), kv[:, 1].view(nb, nh, bs, hd)
 
-    def read(self, layer: int, block_ids: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first `length` positions of a sequence held in `block_ids`: keys, values (nh, length, hd)."""
-        keys, values = self.keys_values(layer)
-        index = torch.tensor(block_ids, device=self.device)
-        k = keys[index].permute(1, 0, 3, 2).reshape(self.n_head, -1, self.head_dim)  # (nh, n_blocks * bs, hd)
-        v = values[index].permute(1, 0, 2, 3).reshape(self.n_head, -1, self.head_dim)  # (nh, n_blocks * bs, hd)
-        return k[:, :length], v[:, :length]
-
     def zero_blocks(self, block_ids: list[int]) -> None:
         """Clears blocks (a failed request's, whose values may be NaN) so no later holder reads them."""
         if block_ids:

@@ -2,12 +2,11 @@
 
 Each step is schedule -> execute -> update (`Scheduler.schedule`, `ModelRunner.execute`,
 `Engine._update`). Requests join and leave between steps. Callers submit from any thread and get
-their events through a sink; `Engine.stream` turns that into an async iterator for an asyncio loop,
-and each loop gets one wake-up per step carrying all of that step's events. No HTTP code here.
+their events through a sink (server/engine/sinks.py); an asyncio loop gets one wake-up per step
+carrying all of that step's events. No HTTP code here.
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import queue
@@ -38,6 +37,7 @@ from server.engine.model_runner import ModelRunner, StepResult
 from server.engine.output_processor import OutputProcessor
 from server.engine.request import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, Request, Sink, TokenOutput
 from server.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
+from server.engine.sinks import one_wakeup_per_loop
 
 log = logging.getLogger("kvserve.engine")
 
@@ -54,45 +54,6 @@ class EngineArgs:
     device: str = "auto"  # auto = CUDA when present, else CPU
     dtype: str = "float32"
     config: EngineConfig = field(default_factory=EngineConfig)
-
-
-class AsyncSink:
-    """A request's events into an asyncio queue. The engine batches them: one call_soon_threadsafe
-    per loop per step, whatever the number of requests and tokens."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, events: asyncio.Queue) -> None:
-        self.loop, self.events = loop, events
-
-    def __call__(self, out: TokenOutput) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, out)
-
-
-def _put_all(items: list[tuple[asyncio.Queue, TokenOutput]]) -> None:
-    for events, out in items:
-        events.put_nowait(out)
-
-
-class RequestStream:
-    """Async iterator over one request's TokenOutputs, fed from the engine thread. The last event
-    has finish_reason set. `cancel()` aborts the request; its blocks are freed at the next step."""
-
-    def __init__(self, engine: "Engine", request_id: str, events: asyncio.Queue) -> None:
-        self.engine, self.request_id, self._events = engine, request_id, events
-        self.done = False
-
-    def __aiter__(self) -> "RequestStream":
-        return self
-
-    async def __anext__(self) -> TokenOutput:
-        if self.done:
-            raise StopAsyncIteration
-        out = await self._events.get()
-        self.done = out.finished
-        return out
-
-    def cancel(self) -> None:
-        if not self.done:
-            self.engine.abort(self.request_id)
 
 
 class Engine:
@@ -124,7 +85,6 @@ class Engine:
         self.scheduler = Scheduler(self.blocks, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens, max_waiting=config.max_waiting)
         self.runner = ModelRunner(model, self.cache, config.max_num_seqs, config.max_num_batched_tokens)
-        self.scheduler.on_release = lambda req, freed: self.runner.release(req)
         self.outputs = OutputProcessor(tokenizer)
         self._wakeup = threading.Condition()
         self._step_lock = threading.Lock()  # held for the length of a step; `paused()` holds it too
@@ -208,23 +168,6 @@ class Engine:
             self.scheduler.add_all(reqs)
             self._wakeup.notify()
         return [r.request_id for r in reqs]
-
-    def stream(self, prompt_ids: list[int], params: SamplingParams, *, use_cache: bool = True,
-               request_id: str | None = None, cache_salt: str | None = None) -> RequestStream:
-        """Submits from a running asyncio loop; events cross over in one batch per step."""
-        events: asyncio.Queue = asyncio.Queue()
-        rid = self.submit(prompt_ids, params, AsyncSink(asyncio.get_running_loop(), events), use_cache=use_cache,
-                          request_id=request_id, cache_salt=cache_salt)
-        return RequestStream(self, rid, events)
-
-    def stream_copies(self, prompt_ids: list[int], params: list[SamplingParams], *, use_cache: bool = True,
-                      cache_salt: str | None = None) -> list[RequestStream]:
-        """submit_copies from a running asyncio loop: one stream per copy."""
-        loop = asyncio.get_running_loop()
-        queues = [asyncio.Queue() for _ in params]
-        ids = self.submit_copies(prompt_ids, params, [AsyncSink(loop, q) for q in queues], use_cache=use_cache,
-                                 cache_salt=cache_salt)
-        return [RequestStream(self, rid, q) for rid, q in zip(ids, queues)]
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, *, use_cache: bool = True,
                  timeout: float | None = None, cache_salt: str | None = None) -> list[TokenOutput]:
@@ -354,7 +297,7 @@ class Engine:
         events = [(req, self.outputs.end(req, FINISH_ABORT)) for req in sched.aborted]
         if sched.num_tokens:
             try:
-                result = self.runner.execute(sched)
+                result = self.runner.run(sched)
             except Exception:
                 log.exception("batched step failed; rerunning its requests one by one")
                 result = self._execute_one_by_one(sched, events)
@@ -368,7 +311,8 @@ class Engine:
         merged = StepResult([], {})
         for req, n in sched.num_tokens.items():
             try:
-                result = self.runner.execute(SchedulerOutput(num_tokens={req: n}))
+                result = self.runner.run(SchedulerOutput(num_tokens={req: n},
+                                                         admitted=[req] if req in sched.admitted else []))
             except Exception as e:
                 self._fail(req, f"{type(e).__name__}: {e}", events)
                 continue
@@ -417,20 +361,11 @@ class Engine:
 
     def _deliver(self, events: list[tuple[Request, TokenOutput]]) -> None:
         """Hands a step's events to their sinks: one wake-up per event loop for all of its requests."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Request, asyncio.Queue, TokenOutput]]] = {}
-        for req, out in events:
-            if isinstance(req.sink, AsyncSink):
-                by_loop.setdefault(req.sink.loop, []).append((req, req.sink.events, out))
-                continue
-            try:
-                req.sink(out)
-            except Exception:  # the consumer is gone: stop generating for it
-                self._consumer_gone(req)
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_put_all, [(events_, out) for _, events_, out in items])
-            except RuntimeError:  # the loop is closed: its consumers are gone
-                for req, _, _ in items:
+        with one_wakeup_per_loop():
+            for req, out in events:
+                try:
+                    req.sink(out)
+                except Exception:  # the consumer is gone: stop generating for it
                     self._consumer_gone(req)
 
     def _consumer_gone(self, req: Request) -> None:

@@ -105,6 +105,7 @@ class Request:
         self.params, self.seed, self.sink = params, seed, sink
         self.use_cache, self.cache_salt = use_cache, cache_salt
         self.status = RequestStatus.WAITING
+        self.row: int | None = None  # its row in the runner's and sampler's buffers while running (the scheduler's)
         self.block_ids: list[int] = []  # its block table: position p lives in block_ids[p // block_size]
         self.num_computed = 0  # leading tokens whose keys/values its blocks hold
         self.block_hashes: list[int] = []  # prefix-cache keys of its first full blocks (a hash chain)

@@ -1,12 +1,13 @@
-"""The pick of each step's next tokens: per-row sampling state of the running requests, and one
-batched pick for the rows that sample.
+"""The pick of each step's next tokens: the running requests' per-row sampling state, and one batched
+pick for the rows that sample.
 
-Each running request's row holds its parameters (in the step's preallocated buffers), its seed, and,
-for a request with penalties, its history: the tokens it has seen (repetition penalty), how often it
-generated each (presence and frequency penalties), its logit bias. The pick: the exact greedy kernel
-for every row (argmax and normalizer in one pass), then the torch path for the rows that sample or are
-penalized, then the top alternatives for the rows that ask. It returns one (R, 3 + 2K) float64 tensor,
-the step's one copy back: token, logprob, finite flag, then K top ids and K top logprobs.
+The sampler owns its buffers. Each running request's row holds its parameters, its seed and, for a
+request with penalties, its history: the tokens it has seen (repetition penalty), how often it
+generated each (presence and frequency penalties), its logit bias. `prepare` writes a step's draws
+and hands back one `SamplingArgs`; `sample` makes the pick: the exact greedy kernel for every row
+(argmax and normalizer in one pass), then the torch path for the rows that sample or are penalized,
+then the top alternatives for the rows that ask. The pick is packed into one (R, 3 + 2K) float64
+tensor, the step's one copy back, and unpacked below it into `Sampled` rows.
 """
 from __future__ import annotations
 
@@ -16,40 +17,59 @@ import numpy as np
 import torch
 
 from model import kernels
-from model.sampling import Penalties, SamplingBatch, sample, top_logprobs, uniform_draws
+from model.sampling import MAX_LOGPROBS, Penalties, SamplingBatch, sample, top_logprobs, uniform_draws
+from server.engine.input_buffers import InputBuffers
 from server.engine.request import Request
 
-RESULT_COLUMNS = 3  # token, logprob, finite
+RESULT_COLUMNS = 3  # token, logprob, finite; then K top ids and K top logprobs
+NON_FINITE = "the model produced non-finite logits (NaN or inf) for this request"
 
 
 @dataclass
-class SamplePlan:
-    """What the host worked out for one step's pick; the tensors it refers to are in the step buffers."""
+class SamplingArgs:
+    """One step's pick as `Sampler.prepare` planned it; the tensors are views of the sampler's buffers."""
 
-    requests: list[Request]  # the rows that sample, in order
-    rows: list[int]  # their rows in the step buffers
-    num_sampled: int  # of them, the ones that sample (not greedy): their indices are in sampled_idx
+    requests: list[Request]  # the request of each of the R rows that sample, in order
+    rows: torch.Tensor  # (R,) int64, each one's row in the per-row state
+    uniform: torch.Tensor  # (R,) float64, each one's draw for the token it samples now
+    sampled_idx: torch.Tensor | None  # (s,) int64, which of the R sample (not greedy); None: all greedy
     filtered: bool  # some sampled row has top_k or top_p on
     penalized: bool  # some row has a penalty or a logit bias
     top_k: int  # the most top alternatives a row asks for (0: none)
 
 
+@dataclass
+class Sampled:
+    request: Request  # the request this token belongs to
+    token_id: int  # the token sampled for it
+    logprob: float  # its log-probability under the model's unmodified distribution
+    error: str | None = None  # set when this row's logits were unusable (NaN, inf): the token means nothing
+    top: list[tuple[int, float]] | None = None  # the most likely tokens and their logprobs, when asked for
+
+
 class Sampler:
     def __init__(self, max_rows: int, vocab_size: int, device: torch.device, exact: bool) -> None:
         self.max_rows, self.vocab_size, self.device, self.exact = max_rows, vocab_size, device, exact
-        self.seeds = np.zeros(max_rows, dtype=np.uint64)
+        R = max_rows
+        self.buffers = InputBuffers({
+            "temperature": (np.float32, (R,)), "top_k": (np.int64, (R,)), "top_p": (np.float32, (R,)),  # per row
+            "repetition_penalty": (np.float32, (R,)), "presence_penalty": (np.float32, (R,)),
+            "frequency_penalty": (np.float32, (R,)),
+            "sample_rows": (np.int64, (R,)), "uniform": (np.float64, (R,)), "sampled_idx": (np.int64, (R,)),  # per step
+        }, device)
+        self.seeds = np.zeros(R, dtype=np.uint64)
         self._seen: torch.Tensor | None = None  # (rows, V) bool, made when a penalized request first arrives
         self._counts: torch.Tensor | None = None  # (rows, V) float32, generated tokens of each row
         self._bias: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # row -> its logit_bias ids, values
-        width = RESULT_COLUMNS + 2 * 20
-        self._results = torch.zeros((max_rows, width), dtype=torch.float64, device=device)
-        self._lse = torch.zeros(max_rows, dtype=torch.float32, device=device)
+        self._results = torch.zeros((R, RESULT_COLUMNS + 2 * MAX_LOGPROBS), dtype=torch.float64, device=device)
+        self._lse = torch.zeros(R, dtype=torch.float32, device=device)
 
     # ---- rows -------------------------------------------------------------------------------------
 
-    def add_row(self, row: int, req: Request, host: dict[str, np.ndarray]) -> None:
-        """A request's first step: its parameters into its row (and its history, if it is penalized)."""
-        p = req.params
+    def add_row(self, row: int, req: Request) -> None:
+        """A request admitted into `row`: its parameters (and its history, if it is penalized)."""
+        p, host = req.params, self.buffers.host
+        self.buffers.wait_copied()
         host["temperature"][row] = 1.0 if p.greedy else min(p.temperature, 1e30)  # inf and 1e30: uniform alike
         host["top_k"][row], host["top_p"][row] = p.top_k, p.top_p
         host["repetition_penalty"][row] = p.repetition_penalty
@@ -73,23 +93,35 @@ class Sampler:
 
     # ---- one step ---------------------------------------------------------------------------------
 
-    def plan(self, reqs: list[Request], host: dict[str, np.ndarray]) -> SamplePlan:
-        """Host-side work for the pick of rows `reqs` (their rows already in host['sample_rows'])."""
+    def prepare(self, reqs: list[Request]) -> SamplingArgs:
+        """The host-side work of a pick for `reqs` (each holding its row): draws, rows, flags. The
+        buffers go to the device only when the torch path will read them (a sampled or penalized row)."""
+        self.buffers.wait_copied()
+        host, t = self.buffers.host, self.buffers.tensors
         R = len(reqs)
+        host["sample_rows"][:R] = [r.row for r in reqs]
         sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if sampled:
             host["sampled_idx"][:len(sampled)] = sampled
             indices = np.array([r.num_output_tokens for r in reqs], dtype=np.uint64)
             host["uniform"][:R] = uniform_draws(self.seeds[host["sample_rows"][:R]], indices)
-        return SamplePlan(reqs, host["sample_rows"][:R].tolist(), len(sampled),
-                          filtered=any(reqs[i].params.top_k > 0 or reqs[i].params.top_p < 1 for i in sampled),
-                          penalized=any(r.params.penalized for r in reqs),
-                          top_k=max((r.params.logprobs for r in reqs), default=0))
+        penalized = any(r.params.penalized for r in reqs)
+        if sampled or penalized:
+            self.buffers.upload()
+        return SamplingArgs(reqs, t["sample_rows"][:R], t["uniform"][:R],
+                            t["sampled_idx"][:len(sampled)] if sampled else None,
+                            filtered=any(reqs[i].params.top_k > 0 or reqs[i].params.top_p < 1 for i in sampled),
+                            penalized=penalized, top_k=max((r.params.logprobs for r in reqs), default=0))
 
-    def sample(self, logits: torch.Tensor, plan: SamplePlan, t: dict[str, torch.Tensor]) -> torch.Tensor:
-        """logits: (R, V) float32. Returns the (R, 3 + 2K) float64 results (see the module docstring)."""
+    def sample(self, logits: torch.Tensor, args: SamplingArgs) -> list[Sampled]:
+        """logits: (R, V) float32. The pick of every row, copied back once and unpacked."""
+        return self.unpack(self.pick(logits, args), args)
+
+    def pick(self, logits: torch.Tensor, args: SamplingArgs) -> torch.Tensor:
+        """logits: (R, V) float32. Returns the packed (R, 3 + 2K) float64 results: token, logprob, finite
+        flag, then K top ids and K top logprobs (K = args.top_k)."""
         R = logits.shape[0]
-        out, lse = self._results[:R, :RESULT_COLUMNS + 2 * plan.top_k], self._lse[:R]
+        out, lse = self._results[:R, :RESULT_COLUMNS + 2 * args.top_k], self._lse[:R]
         if self.exact:
             kernels.greedy(logits, self._results[:R], lse)  # every row's argmax and normalizer, in one pass
         else:
@@ -98,40 +130,47 @@ class Sampler:
             out[:, 0] = greedy
             out[:, 1] = logits.gather(1, greedy[:, None])[:, 0] - lse
             out[:, 2] = lse.isfinite()
-        if plan.num_sampled or plan.penalized:
-            self._pick(logits, plan, t, out, lse)
-        if plan.top_k:
-            k = plan.top_k
+        if args.sampled_idx is not None or args.penalized:
+            self._pick_torch(logits, args, out, lse)
+        if args.top_k:
+            k = args.top_k
             ids, values = top_logprobs(logits, lse, k)  # (R, k) each, from the unmodified distribution
             out[:, RESULT_COLUMNS:RESULT_COLUMNS + k], out[:, RESULT_COLUMNS + k:] = ids, values
         return out
 
-    def _pick(self, logits: torch.Tensor, plan: SamplePlan, t: dict[str, torch.Tensor], out: torch.Tensor,
-              lse: torch.Tensor) -> None:
+    @staticmethod
+    def unpack(results: torch.Tensor, args: SamplingArgs) -> list[Sampled]:
+        """The packed (R, 3 + 2K) results as one Sampled per row: the step's one device-to-host copy."""
+        k, sampled = args.top_k, []
+        for req, row in zip(args.requests, results.tolist()):
+            want = req.params.logprobs
+            top = list(zip(map(int, row[RESULT_COLUMNS:RESULT_COLUMNS + want]), row[RESULT_COLUMNS + k:][:want]))
+            sampled.append(Sampled(req, int(row[0]), row[1], None if row[2] else NON_FINITE, top if want else None))
+        return sampled
+
+    def _pick_torch(self, logits: torch.Tensor, args: SamplingArgs, out: torch.Tensor, lse: torch.Tensor) -> None:
         """The torch path, for a step with sampled or penalized rows: every row's token and logprob."""
-        R = logits.shape[0]
-        rows = t["sample_rows"][:R]
-        penalties = self._penalties(plan, rows, t) if plan.penalized else None
+        t, rows = self.buffers.tensors, args.rows
+        penalties = self._penalties(args) if args.penalized else None
         batch = SamplingBatch(temperature=t["temperature"][rows], top_k=t["top_k"][rows], top_p=t["top_p"][rows],
-                              uniform=t["uniform"][:R],
-                              sampled_rows=t["sampled_idx"][:plan.num_sampled] if plan.num_sampled else None,
-                              filtered=plan.filtered, penalties=penalties)
+                              uniform=args.uniform, sampled_rows=args.sampled_idx, filtered=args.filtered,
+                              penalties=penalties)
         broken = out[:, 2] == 0  # (R,): such a row fails its request, not the batch
         logits = logits.masked_fill(broken[:, None], 0.0)
         tokens, logprobs = sample(logits, batch, torch.where(broken, float(np.log(self.vocab_size)), lse))
         out[:, 0], out[:, 1] = tokens, logprobs
         if penalties is not None:  # the sampled tokens join the histories for the next step
-            penalized = torch.tensor([r.params.penalized for r in plan.requests], device=self.device)  # (R,)
+            penalized = torch.tensor([r.params.penalized for r in args.requests], device=self.device)  # (R,)
             self._seen[rows[penalized], tokens[penalized]] = True
             self._counts[rows[penalized], tokens[penalized]] += 1
 
-    def _penalties(self, plan: SamplePlan, rows: torch.Tensor, t: dict[str, torch.Tensor]) -> Penalties:
-        bias = None
-        if any(r.params.logit_bias for r in plan.requests):
-            bias = torch.zeros((len(plan.requests), self.vocab_size), device=self.device)
-            for i, row in enumerate(plan.rows):
-                if row in self._bias:
-                    ids, values = self._bias[row]
+    def _penalties(self, args: SamplingArgs) -> Penalties:
+        t, rows, bias = self.buffers.tensors, args.rows, None
+        if any(r.params.logit_bias for r in args.requests):
+            bias = torch.zeros((len(args.requests), self.vocab_size), device=self.device)
+            for i, req in enumerate(args.requests):
+                if req.row in self._bias:
+                    ids, values = self._bias[req.row]
                     bias[i].index_add_(0, ids, values)
         return Penalties(t["repetition_penalty"][rows], t["presence_penalty"][rows], t["frequency_penalty"][rows],
                          self._seen[rows], self._counts[rows], bias)

@@ -12,7 +12,7 @@ Each step, under a budget of `max_num_batched_tokens`:
 When a decoding request needs a block and none is free, the newest running request is preempted:
 its blocks go back, it returns to the front of the queue, and it recomputes when it resumes.
 
-Thread-safe on the submitting side (`add`, `abort` come from the HTTP event loop); everything else
+Thread-safe on the submitting side (`add_all`, `abort` come from the HTTP event loop); everything else
 runs on the engine thread.
 """
 from __future__ import annotations
@@ -40,22 +40,7 @@ class SchedulerOutput:
     num_tokens: dict[Request, int] = field(default_factory=dict)  # request -> new tokens this step, in step order
     preempted: list[Request] = field(default_factory=list)  # sent back to the queue this step (blocks freed)
     aborted: list[Request] = field(default_factory=list)  # cancelled since the last step (blocks freed)
-
-    @property
-    def requests(self) -> list[Request]:
-        return list(self.num_tokens)
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.num_tokens.values())
-
-    def start(self, req: Request) -> int:
-        """Position of the first token `req` computes this step (0 for an uncached recompute)."""
-        return req.num_computed
-
-    def samples(self, req: Request) -> bool:
-        """Whether this step reaches the end of the request's tokens, so a new token is sampled for it."""
-        return req.num_computed + self.num_tokens[req] == req.num_tokens
+    admitted: list[Request] = field(default_factory=list)  # given a row this step (new or resumed), in order
 
 
 @dataclass
@@ -78,7 +63,7 @@ class Scheduler:
         self.stats = SchedulerStats()
         self._lock = threading.Lock()
         self._aborts: set[str] = set()
-        self.on_release = lambda req, freed: None  # the engine's hook: the runner forgets the request's row
+        self._free_rows = list(range(max_num_seqs - 1, -1, -1))  # rows of the runner's buffers no request holds
 
     @property
     def num_running(self) -> int:
@@ -95,9 +80,6 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._aborts)
-
-    def add(self, req: Request) -> None:
-        self.add_all([req])
 
     def add_all(self, reqs: list[Request]) -> None:
         """Queues requests, all or none. The queue holds up to `max_waiting` requests beyond the running
@@ -144,7 +126,7 @@ class Scheduler:
                 if not self.blocks.can_admit(req, hits):
                     break
                 self.waiting.remove(req)
-                self._admit(req, hits)
+                self._admit(req, hits, out)
                 if not req.use_cache:  # a whole recompute, outside the budget
                     out.num_tokens[req] = req.num_tokens
                     continue
@@ -158,8 +140,11 @@ class Scheduler:
         """Whether the request's full prompt blocks are in the prefix cache, or will never be."""
         return req.status != RequestStatus.RUNNING or req.num_computed >= req.num_prompt_tokens - 1
 
-    def _admit(self, req: Request, hits: list[int]) -> None:
+    def _admit(self, req: Request, hits: list[int], out: SchedulerOutput) -> None:
+        """Gives the request its blocks and a row; `_release` takes both back."""
         self.blocks.admit(req, hits)
+        req.row = self._free_rows.pop()
+        out.admitted.append(req)
         req.status = RequestStatus.RUNNING
         if req.stats.admitted is None:  # the first admission: a resumed request counts its prefix once
             req.stats.admitted = time.perf_counter()
@@ -213,8 +198,10 @@ class Scheduler:
             return reqs
 
     def _release(self, req: Request) -> None:
-        freed = self.blocks.release(req)
-        self.on_release(req, freed)
+        """The one place a running request gives back its blocks and its row."""
+        self.blocks.release(req)
+        self._free_rows.append(req.row)
+        req.row = None
 
     def _take_aborted(self) -> list[Request]:
         if not self._aborts:

@@ -154,12 +154,21 @@ def test_attention_is_within_float32_rounding_of_float64():
             torch.testing.assert_close(out[t, 32 * h: 32 * h + 32].double(), ref, atol=2e-6, rtol=1e-5)
 
 
+def read_cache(cache: PagedKVCache, layer: int, block_ids: list[int], length: int):
+    """The first `length` positions of a sequence held in `block_ids`: keys, values (nh, length, hd)."""
+    keys, values = cache.keys_values(layer)
+    index = torch.tensor(block_ids)
+    k = keys[index].permute(1, 0, 3, 2).reshape(cache.n_head, -1, cache.head_dim)  # (nh, n_blocks * bs, hd)
+    v = values[index].permute(1, 0, 2, 3).reshape(cache.n_head, -1, cache.head_dim)  # (nh, n_blocks * bs, hd)
+    return k[:, :length], v[:, :length]
+
+
 def test_attention_keys_and_values_land_in_their_blocks():
     torch.manual_seed(0)
     cache = PagedKVCache(CONFIG, 8, 16)
     qkv = torch.randn(20, 3 * CONFIG.n_embd)
     run_attention(qkv, cache, [(0, 20, [5, 2])])
-    k, v = cache.read(0, [5, 2], 20)  # (nh, 20, hd)
+    k, v = read_cache(cache, 0, [5, 2], 20)  # (nh, 20, hd)
     assert torch.equal(k, qkv[:, 64:128].view(20, 2, 32).transpose(0, 1))
     assert torch.equal(v, qkv[:, 128:].view(20, 2, 32).transpose(0, 1))
 

@@ -156,17 +156,17 @@ def hook_sampling(monkeypatch, before=None, after=None) -> None:
     """Lets a test see (and break) the runner's sampling: before(requests, logits) may change the (R, V)
     logits in place or raise; after(requests, tokens) may change the (R,) sampled tokens in place (a
     float64 view of the step's results)."""
-    real = Sampler.sample
+    real = Sampler.pick
 
-    def sample(self, logits, plan, t):
+    def pick(self, logits, args):
         if before is not None:
-            before(plan.requests, logits)
-        results = real(self, logits, plan, t)  # (R, 3 + 2K): token, logprob, finite, ...
+            before(args.requests, logits)
+        results = real(self, logits, args)  # (R, 3 + 2K): token, logprob, finite, ...
         if after is not None:
-            after(plan.requests, results[:, 0])
+            after(args.requests, results[:, 0])
         return results
 
-    monkeypatch.setattr(Sampler, "sample", sample)
+    monkeypatch.setattr(Sampler, "pick", pick)
 
 
 def blocks_free(engine: Engine) -> bool:

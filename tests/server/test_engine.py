@@ -12,7 +12,7 @@ import server.engine.model_runner as model_runner
 import server.engine.sampler as sampler
 from model.generate import PromptError, generate
 from model.sampling import SamplingParams
-from server.engine import Engine, QueueFullError
+from server.engine import AsyncSink, Engine, QueueFullError, TokenOutput
 from tests.conftest import EXACT
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
@@ -23,6 +23,30 @@ def engine(tiny_model, tiny_tokenizer):
     eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=32, max_waiting=64, threads=1).start()
     yield eng
     eng.shutdown()
+
+
+class RequestStream:
+    """Async iterator over one request's TokenOutputs, fed from the engine thread through an AsyncSink."""
+
+    def __init__(self, events: asyncio.Queue) -> None:
+        self._events, self.done = events, False
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> TokenOutput:
+        if self.done:
+            raise StopAsyncIteration
+        out = await self._events.get()
+        self.done = out.finished
+        return out
+
+
+def stream(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+    """Submits from the running asyncio loop; the events cross over in one batch per step."""
+    events: asyncio.Queue = asyncio.Queue()
+    engine.submit(prompt_ids, params, AsyncSink(asyncio.get_running_loop(), events))
+    return RequestStream(events)
 
 
 def prompts(tokenizer, n):
@@ -193,7 +217,7 @@ def test_a_batch_rerun_one_by_one_samples_what_the_batch_would_have(engine, tiny
     p = tiny_tokenizer.encode("the question")
     params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=99)
     alone = token_ids(engine.generate(p, params, timeout=60))
-    real_execute, calls = model_runner.ModelRunner.execute, []
+    real_execute, calls = model_runner.ModelRunner.run, []
 
     def execute_failing_once_batched(self, sched):
         calls.append(len(sched.num_tokens))
@@ -202,7 +226,7 @@ def test_a_batch_rerun_one_by_one_samples_what_the_batch_would_have(engine, tiny
             raise RuntimeError("a batched step failed")
         return real_execute(self, sched)
 
-    monkeypatch.setattr(model_runner.ModelRunner, "execute", execute_failing_once_batched)
+    monkeypatch.setattr(model_runner.ModelRunner, "run", execute_failing_once_batched)
     other = (prompts(tiny_tokenizer, 2)[1], SamplingParams(max_new_tokens=8, temperature=0), True)
     results = run_together(engine, [(p, params, True), other])
     assert calls.count(2) >= 3, "the batched step never failed"
@@ -211,7 +235,7 @@ def test_a_batch_rerun_one_by_one_samples_what_the_batch_would_have(engine, tiny
 
 def test_async_stream_yields_tokens_then_finishes(engine, tiny_tokenizer):
     async def collect():
-        return [o async for o in engine.stream(tiny_tokenizer.encode("To be"), GREEDY)]
+        return [o async for o in stream(engine, tiny_tokenizer.encode("To be"), GREEDY)]
 
     outs = asyncio.run(collect())
     assert token_ids(outs) == token_ids(engine.generate(tiny_tokenizer.encode("To be"), GREEDY, timeout=60))
@@ -231,7 +255,7 @@ def test_the_event_loop_gets_one_wakeup_per_step_for_all_its_streams(engine, tin
         monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
         params = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True)
         with engine.paused():
-            streams = [engine.stream(p, params) for p in prompts(tiny_tokenizer, 8)]
+            streams = [stream(engine, p, params) for p in prompts(tiny_tokenizer, 8)]
         outs = await asyncio.gather(*[collect(s) for s in streams])
         return wakeups, outs
 
@@ -301,7 +325,7 @@ def test_blocks_left_non_finite_by_a_failed_request_never_reach_the_next_holder(
 def test_shutdown_never_frees_state_under_a_running_step(tiny_model, tiny_tokenizer, monkeypatch):
     eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=2, num_blocks=16, threads=1).start()
     in_step, release = threading.Event(), threading.Event()
-    real_execute = eng.runner.execute
+    real_execute = eng.runner.run
 
     def slow_execute(sched):
         if eng.scheduler.running and eng.scheduler.running[0].num_output_tokens >= 2:
@@ -309,7 +333,7 @@ def test_shutdown_never_frees_state_under_a_running_step(tiny_model, tiny_tokeni
             release.wait(30)
         return real_execute(sched)
 
-    monkeypatch.setattr(eng.runner, "execute", slow_execute)
+    monkeypatch.setattr(eng.runner, "run", slow_execute)
     events = queue.Queue()
     eng.submit(tiny_tokenizer.encode("To be"), SamplingParams(max_new_tokens=50, temperature=0, ignore_eos=True),
                events.put)

@@ -20,14 +20,14 @@ GREEDY = SamplingParams(max_new_tokens=10, temperature=0, ignore_eos=True)
 def recorded(monkeypatch):
     """Every logits row the runner samples from, by request id: {id: [(V,) tensors, one per step]}."""
     rows: dict[str, list[torch.Tensor]] = {}
-    real = Sampler.sample
+    real = Sampler.pick
 
-    def sample(self, logits, plan, t):
-        for req, row in zip(plan.requests, logits):
+    def pick(self, logits, args):
+        for req, row in zip(args.requests, logits):
             rows.setdefault(req.request_id, []).append(row.clone())
-        return real(self, logits, plan, t)
+        return real(self, logits, args)
 
-    monkeypatch.setattr(Sampler, "sample", sample)
+    monkeypatch.setattr(Sampler, "pick", pick)
     return rows
 
 

@@ -61,7 +61,7 @@ def engine_held_after_token(engine, num_tokens: int) -> Iterator[threading.Event
 
     def held_step():
         batch = step()
-        if any(req.num_output_tokens >= num_tokens for req in batch.requests):
+        if any(req.num_output_tokens >= num_tokens for req in batch.num_tokens):
             release.wait(WAIT_MS / 1000)
         return batch
 

@@ -73,14 +73,14 @@ def test_nan_logits_in_one_row_fail_that_request_only(live, nan_logits_for_seed_
 @pytest.fixture
 def out_of_memory_for_seed_19(monkeypatch):
     """Any forward holding a seed-19 request raises out-of-memory, as a GPU that ran out would."""
-    real = ModelRunner.execute
+    real = ModelRunner.run
 
-    def execute(self, batch):
-        if any(r.params.seed == 19 for r in batch.requests):
+    def run(self, batch):
+        if any(r.params.seed == 19 for r in batch.num_tokens):
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
         return real(self, batch)
 
-    monkeypatch.setattr(ModelRunner, "execute", execute)
+    monkeypatch.setattr(ModelRunner, "run", run)
 
 
 def test_out_of_memory_in_one_request_fails_it_alone_and_the_others_match_their_solo_results(
