@@ -18,7 +18,7 @@ install: $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 
 install-test: install
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[test,cluster]"
 
 serve: install
 	$(BIN)/python -m server --checkpoint $(CHECKPOINT) --host $(HOST) --port $(PORT)

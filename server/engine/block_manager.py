@@ -9,11 +9,33 @@
 """
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from server.engine.request import Request
 
-NO_SALT = hash(("kvserve", None))
+
+def chain_root(cache_salt: str | None) -> int:
+    """The parent key of a chain's first block. Stable across processes (a str's hash() is not, under
+    PYTHONHASHSEED), so that a router in another process computes the keys a replica holds."""
+    digest = hashlib.blake2b(("kvserve\0" + (cache_salt or "")).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True) if cache_salt else NO_SALT
+
+
+NO_SALT = int.from_bytes(hashlib.blake2b(b"kvserve", digest_size=8).digest(), "little", signed=True)
+
+
+def extend_block_keys(keys: list[int], token_ids: Sequence[int], block_size: int, cache_salt: str | None,
+                      count: int) -> list[int]:
+    """Extends `keys`, the prefix-cache keys of the first full blocks of `token_ids`, in place to `count`
+    keys: hash(parent's key, the block's token ids). Returns the first `count`. The one hash chain of the
+    project: the block manager and the cluster's router both call it."""
+    while len(keys) < count:
+        i = len(keys)
+        parent = keys[-1] if i else chain_root(cache_salt)
+        keys.append(hash((parent, tuple(token_ids[i * block_size:(i + 1) * block_size]))))
+    return keys[:count]
 
 
 class BlockManager:
@@ -45,12 +67,7 @@ class BlockManager:
 
     def block_hashes(self, req: Request, count: int) -> list[int]:
         """The keys of the request's first `count` full blocks, extending its hash chain as needed."""
-        bs, tokens = self.block_size, req.token_ids
-        while len(req.block_hashes) < count:
-            i = len(req.block_hashes)
-            parent = req.block_hashes[-1] if i else (hash(("kvserve", req.cache_salt)) if req.cache_salt else NO_SALT)
-            req.block_hashes.append(hash((parent, tuple(tokens[i * bs:(i + 1) * bs]))))
-        return req.block_hashes[:count]
+        return extend_block_keys(req.block_hashes, req.token_ids, self.block_size, req.cache_salt, count)
 
     def cached_prefix(self, req: Request) -> list[int]:
         """Blocks holding the longest cached prefix of the request's tokens. They never cover its last

@@ -1,0 +1,207 @@
+"""Which replica serves a request: KV-cache-aware routing and its baselines, as plain Python (no Ray), so
+the Ray Serve ingress and the routing simulator (`bench/routing_sim.py`) run the same code.
+
+- Each replica reports a `ReplicaReport`: the keys of the full blocks its prefix cache holds (a
+  snapshot bounded by its block count) and its load (running, waiting, free blocks).
+- The router computes a prompt's block keys with the block manager's own hash chain
+  (`extend_block_keys`), and between reports remembers what it sent where: the keys of a request it
+  routed count as held by that replica for `pending_ttl` seconds, until a report confirms them.
+- `kv`: the replica holding the longest prefix of the prompt, ties to the least loaded (a prompt none
+  holds goes to the least loaded, then to the one caching least, so tenants spread); when that
+  replica's load exceeds the least loaded one's by more than `imbalance_threshold` requests, the least
+  loaded instead (a fallback). `pow2`: the less loaded of two drawn at random. `round-robin`: in turn.
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from server.engine.block_manager import BlockManager, extend_block_keys
+
+POLICIES = ("kv", "pow2", "round-robin")
+DEFAULT_IMBALANCE_THRESHOLD = 4  # requests: past this gap in load, `kv` routes to the least loaded replica
+DEFAULT_PENDING_TTL = 30.0  # seconds a routed request's keys count as held before a report confirms them
+
+
+@dataclass
+class ReplicaReport:
+    """What a replica tells the router: its prefix cache and its load, at one moment."""
+
+    replica_id: str  # the replica's name (stable across the router's calls)
+    held_keys: list[int]  # keys of the full blocks its prefix cache holds (at most its block count)
+    running: int  # requests holding blocks
+    waiting: int  # requests queued
+    free_blocks: int  # blocks no request holds (some still caching a prefix)
+    num_blocks: int  # its block pool's size
+    time: float = field(default_factory=time.monotonic)  # when it was taken
+
+
+@dataclass
+class Decision:
+    """Where one request goes, and why (the router's metrics count these)."""
+
+    replica_id: str  # the chosen replica
+    policy: str  # kv, pow2 or round-robin
+    outcome: str  # 'hit' (a cached prefix won), 'miss' (none cached), 'fallback' (load won), 'baseline' (pow2, rr)
+    matched_blocks: int  # leading blocks of the prompt the chosen replica is believed to hold
+    prompt_blocks: int  # full blocks in the prompt
+    keys: list[int] = field(repr=False, default_factory=list)  # the prompt's block keys
+
+
+class ReplicaState:
+    """The router's picture of one replica."""
+
+    def __init__(self, replica_id: str) -> None:
+        self.replica_id = replica_id
+        self.held: set[int] = set()  # keys of the last report
+        self.pending: dict[int, float] = {}  # key -> when a request carrying it was routed here
+        self.running = self.waiting = self.free_blocks = self.num_blocks = 0
+        self.inflight = 0  # requests this router sent here that have not finished
+        self.reported = False
+
+    @property
+    def load(self) -> int:
+        """Requests on the replica: what it reported, or what this router knows it sent, if more."""
+        return max(self.running + self.waiting, self.inflight)
+
+    def apply(self, report: ReplicaReport) -> None:
+        self.held = set(report.held_keys)
+        for key in self.held.intersection(self.pending):
+            del self.pending[key]
+        self.running, self.waiting = report.running, report.waiting
+        self.free_blocks, self.num_blocks = report.free_blocks, report.num_blocks
+        self.reported = True
+
+    def matched(self, keys: Sequence[int], now: float, ttl: float) -> int:
+        """How many leading keys this replica is believed to hold."""
+        n = 0
+        for key in keys:
+            if key in self.held:
+                n += 1
+                continue
+            since = self.pending.get(key)
+            if since is None or now - since > ttl:
+                break
+            n += 1
+        return n
+
+    def expect(self, keys: Sequence[int], now: float) -> None:
+        for key in keys:
+            if key not in self.held:
+                self.pending[key] = now
+
+    def expire(self, now: float, ttl: float) -> None:
+        if self.pending:
+            self.pending = {k: t for k, t in self.pending.items() if now - t <= ttl}
+
+
+class Router:
+    """Chooses a replica per request under one policy. Not thread-safe: one event loop calls it."""
+
+    def __init__(self, policy: str = "kv", block_size: int = 16, *,
+                 imbalance_threshold: int = DEFAULT_IMBALANCE_THRESHOLD, pending_ttl: float = DEFAULT_PENDING_TTL,
+                 seed: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown routing policy {policy!r}; choose from {', '.join(POLICIES)}")
+        self.policy, self.block_size = policy, block_size
+        self.imbalance_threshold, self.pending_ttl = imbalance_threshold, pending_ttl
+        self.replicas: dict[str, ReplicaState] = {}
+        self.decisions: Counter[tuple[str, str]] = Counter()  # (policy, outcome) -> count
+        self._rng = random.Random(seed)
+        self._turn = 0  # requests routed: round-robin's position
+        self._clock = clock
+        self._last_expiry = 0.0
+
+    # ---- membership and reports -------------------------------------------------------------------
+
+    def set_replicas(self, replica_ids: Sequence[str]) -> None:
+        """The replicas that may be chosen now; state is kept for those that stay."""
+        self.replicas = {rid: self.replicas.get(rid) or ReplicaState(rid) for rid in replica_ids}
+
+    def report(self, report: ReplicaReport) -> None:
+        state = self.replicas.get(report.replica_id)
+        if state is not None:
+            state.apply(report)
+
+    def forget_cache(self, replica_id: str) -> None:
+        """A replica restarted: whatever it cached is gone."""
+        state = self.replicas.get(replica_id)
+        if state is not None:
+            state.held, state.pending = set(), {}
+
+    # ---- routing ----------------------------------------------------------------------------------
+
+    def block_keys(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
+        """The keys of the prompt's full blocks that a replica could hit (never the one holding its last
+        token, which the engine always computes)."""
+        return extend_block_keys([], token_ids, self.block_size, cache_salt, (len(token_ids) - 1) // self.block_size)
+
+    def choose(self, token_ids: Sequence[int], *, cache_salt: str | None = None, use_cache: bool = True,
+               exclude: Sequence[str] = ()) -> Decision:
+        """Picks a replica for a prompt and counts it as in flight there (call `finished` when it ends)."""
+        decision = self.decide(token_ids, cache_salt=cache_salt, use_cache=use_cache, exclude=exclude)
+        self.routed(decision, decision.replica_id)
+        return decision
+
+    def decide(self, token_ids: Sequence[int], *, cache_salt: str | None = None, use_cache: bool = True,
+               exclude: Sequence[str] = ()) -> Decision:
+        """Where a prompt should go, changing nothing (Ray Serve may ask again before it sends)."""
+        candidates = [s for rid, s in self.replicas.items() if rid not in exclude]
+        if not candidates:
+            raise LookupError("no replica to route to")
+        keys = self.block_keys(token_ids, cache_salt) if use_cache else []
+        now = self._clock()
+        if self.policy == "round-robin":
+            state, outcome = candidates[self._turn % len(candidates)], "baseline"
+        elif self.policy == "pow2":
+            pair = self._rng.sample(candidates, 2) if len(candidates) > 1 else candidates
+            state, outcome = min(pair, key=lambda s: s.load), "baseline"
+        else:
+            state, outcome = self._choose_kv(candidates, keys, now)
+        return Decision(state.replica_id, self.policy, outcome, state.matched(keys, now, self.pending_ttl),
+                        len(keys), keys)
+
+    def routed(self, decision: Decision, replica_id: str) -> None:
+        """The request of `decision` was sent to `replica_id` (Ray may pick another when the chosen one is
+        full or gone: then it counts as a 'redirect')."""
+        now = self._clock()
+        self._turn += 1
+        state = self.replicas.get(replica_id)
+        if state is not None:
+            state.inflight += 1
+            state.expect(decision.keys, now)
+        outcome = decision.outcome if replica_id == decision.replica_id else "redirect"
+        self.decisions[(self.policy, outcome)] += 1
+        self._expire(now)
+
+    def _choose_kv(self, candidates: list[ReplicaState], keys: list[int], now: float) -> tuple[ReplicaState, str]:
+        # among the least loaded, the one believed to cache least: new prefixes spread over the replicas
+        least = min(candidates, key=lambda s: (s.load, len(s.held) + len(s.pending)))
+        scored = [(s.matched(keys, now, self.pending_ttl), s) for s in candidates]
+        best_match = max(m for m, _ in scored)
+        if best_match == 0:
+            return least, "miss"
+        best = min((s for m, s in scored if m == best_match), key=lambda s: (s.load, -s.free_blocks))
+        if best.load - least.load > self.imbalance_threshold:
+            return least, "fallback"
+        return best, "hit"
+
+    def finished(self, replica_id: str) -> None:
+        """A request routed to `replica_id` ended (any way)."""
+        state = self.replicas.get(replica_id)
+        if state is not None and state.inflight > 0:
+            state.inflight -= 1
+
+    def _expire(self, now: float) -> None:
+        if now - self._last_expiry > self.pending_ttl:
+            self._last_expiry = now
+            for state in self.replicas.values():
+                state.expire(now, self.pending_ttl)
+
+
+def report_from(replica_id: str, blocks: BlockManager, running: int, waiting: int) -> ReplicaReport:
+    """A replica's report from its block manager: every key its prefix cache holds (at most one a block)."""
+    return ReplicaReport(replica_id, list(blocks.cached), running, waiting, blocks.num_free_blocks, blocks.num_blocks)

@@ -1,0 +1,103 @@
+"""The cluster's router as plain Python: block keys from the engine's hash chain, the three policies."""
+from __future__ import annotations
+
+import pytest
+
+from model.sampling import SamplingParams
+from server.cluster.router import Router, ReplicaReport, report_from
+from server.engine.block_manager import BlockManager
+from server.engine.request import Request
+
+BS = 4
+
+
+def _prompt(tenant: int, suffix: int, blocks: int = 4) -> list[int]:
+    return [100 * tenant + i for i in range(blocks * BS)] + [9000 + suffix]
+
+
+def _router(policy: str = "kv", n: int = 3, **kw) -> Router:
+    router = Router(policy, BS, seed=0, **kw)
+    router.set_replicas([f"r{i}" for i in range(n)])
+    return router
+
+
+def _report(rid: str, keys=(), running=0, waiting=0, free=100) -> ReplicaReport:
+    return ReplicaReport(rid, list(keys), running, waiting, free, 100)
+
+
+def test_router_keys_equal_the_block_managers_for_the_same_prompt_and_salt():
+    blocks = BlockManager(32, BS)
+    for salt in (None, "tenant-a"):
+        req = Request(_prompt(1, 0), SamplingParams(), 0, print, cache_salt=salt)
+        blocks.admit(req, [])
+        req.num_computed = req.num_tokens
+        blocks.register_full_blocks(req)
+        assert Router("kv", BS).block_keys(req.token_ids, salt) == blocks.block_hashes(req, 4)
+    assert Router("kv", BS).block_keys(_prompt(1, 0), "a") != Router("kv", BS).block_keys(_prompt(1, 0), "b")
+
+
+def test_report_from_a_block_manager_makes_the_router_send_a_repeat_to_that_replica():
+    blocks = BlockManager(32, BS)
+    req = Request(_prompt(2, 0), SamplingParams(), 0, print)
+    blocks.admit(req, [])
+    req.num_computed = req.num_tokens
+    blocks.register_full_blocks(req)
+    blocks.release(req)
+    router = Router("kv", BS, seed=0, pending_ttl=0)  # no memory of its own: only the report counts
+    router.set_replicas(["a", "b", "c"])
+    router.report(report_from("b", blocks, running=0, waiting=0))
+    for suffix in range(5):
+        decision = router.choose(_prompt(2, suffix + 1))
+        assert (decision.replica_id, decision.outcome, decision.matched_blocks) == ("b", "hit", 4)
+        router.finished("b")
+
+
+def test_kv_sends_every_repeat_of_a_tenant_where_its_first_request_went():
+    router = _router("kv", n=4)
+    first = {}
+    for rnd in range(5):
+        for tenant in (3, 1, 0, 2):
+            d = router.choose(_prompt(tenant, rnd))
+            first.setdefault(tenant, d.replica_id)
+            assert d.replica_id == first[tenant], f"tenant {tenant} moved on round {rnd}"
+            assert d.outcome == ("miss" if rnd == 0 else "hit")
+            router.finished(d.replica_id)
+    assert len(set(first.values())) == 4, f"four new tenants on four idle replicas went to {first}"
+
+
+def test_kv_prefers_the_least_loaded_replica_once_the_imbalance_passes_the_threshold():
+    router = _router("kv", n=2, imbalance_threshold=2)
+    router.report(_report("r0", router.block_keys(_prompt(5, 0)), running=2))
+    assert router.choose(_prompt(5, 1)).replica_id == "r0"  # load 2 -> 3 with this one, r1 has 0: gap 2
+    router.report(_report("r0", router.block_keys(_prompt(5, 0)), running=3))
+    d = router.choose(_prompt(5, 2))
+    assert (d.replica_id, d.outcome) == ("r1", "fallback"), d
+    assert router.decisions[("kv", "fallback")] == 1 and router.decisions[("kv", "hit")] == 1
+
+
+def test_round_robin_takes_replicas_in_turn_whatever_they_cache():
+    router = _router("round-robin", n=3)
+    assert [router.choose(_prompt(1, i)).replica_id for i in range(6)] == ["r0", "r1", "r2"] * 2
+
+
+def test_pow2_picks_the_less_loaded_of_two():
+    router = _router("pow2", n=2)
+    router.report(_report("r0", running=10))
+    assert {router.choose(_prompt(1, i)).replica_id for i in range(5)} == {"r1"}
+
+
+def test_a_restarted_replica_loses_its_believed_cache_and_an_excluded_one_is_skipped():
+    router = _router("kv", n=2)
+    rid = router.choose(_prompt(7, 0)).replica_id
+    router.forget_cache(rid)
+    router.finished(rid)
+    assert router.choose(_prompt(7, 1)).outcome == "miss"
+    other = router.choose(_prompt(8, 0), exclude=[rid]).replica_id
+    assert other != rid
+    with pytest.raises(LookupError):
+        router.choose(_prompt(8, 1), exclude=["r0", "r1"])
+
+
+def test_an_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="round-robin"):
+        Router("random")
