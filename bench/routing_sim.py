@@ -128,7 +128,7 @@ def simulate(trace: Trace, policy: str, num_replicas: int, *, cost: CostModel, n
     def start_step(rep: SimReplica) -> None:
         sched = rep.scheduler.schedule()
         decode_rows = sum(1 for r, n in sched.num_tokens.items() if n == 1 and r.num_computed >= r.num_prompt_tokens)
-        dt = cost.step(decode_rows, sched.total_tokens - decode_rows)
+        dt = cost.step(decode_rows, sum(sched.num_tokens.values()) - decode_rows)
         rep.busy, rep.busy_s = True, rep.busy_s + dt
         push(now + dt, "step", (rep, sched))
 
@@ -140,7 +140,7 @@ def simulate(trace: Trace, policy: str, num_replicas: int, *, cost: CostModel, n
             decision = router.choose(prompt)
             rep = replicas[decision.replica_id]
             arrival[req], routed_to[req] = now, rep.rid
-            rep.scheduler.add(req)
+            rep.scheduler.add_all([req])
             if not rep.busy:
                 start_step(rep)
         elif kind == "report":
@@ -152,7 +152,7 @@ def simulate(trace: Trace, policy: str, num_replicas: int, *, cost: CostModel, n
             for req, n in sched.num_tokens.items():  # the engine's update, with a made-up token
                 if req.finished:
                     continue
-                sampled = sched.samples(req)
+                sampled = req.num_computed + n == req.num_tokens  # the step reached its last token
                 req.num_computed += n
                 rep.blocks.register_full_blocks(req)
                 if sampled:

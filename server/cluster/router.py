@@ -13,6 +13,7 @@ the Ray Serve ingress and the routing simulator (`bench/routing_sim.py`) run the
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections import Counter
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from server.engine.block_manager import BlockManager, extend_block_keys
 
 POLICIES = ("kv", "pow2", "round-robin")
+ROUTERS: dict[str, Router] = {}  # this process's routers by deployment name (Ray Serve makes them; /metrics reads)
 DEFAULT_IMBALANCE_THRESHOLD = 4  # requests: past this gap in load, `kv` routes to the least loaded replica
 DEFAULT_PENDING_TTL = 30.0  # seconds a routed request's keys count as held before a report confirms them
 
@@ -36,7 +38,22 @@ class ReplicaReport:
     waiting: int  # requests queued
     free_blocks: int  # blocks no request holds (some still caching a prefix)
     num_blocks: int  # its block pool's size
-    time: float = field(default_factory=time.monotonic)  # when it was taken
+    time: float = field(default_factory=time.time)  # when it was taken
+    prefix_cache_queries: int = 0  # prompt tokens of admitted requests that used the cache, since it started
+    prefix_cache_hits: int = 0  # of those, tokens served from its prefix cache
+    preemptions: int = 0  # since it started
+    kv_cache_usage: float = 0.0  # fraction of blocks held (0..1)
+    pid: int = 0  # its process
+
+    def to_stats(self) -> dict:
+        """As Ray Serve's routing_stats: builtins only, so Serve's controller, which relays them, needs
+        none of our modules to unpickle them. `from_stats` reads them back."""
+        return {"kvserve_report": dataclasses.astuple(self)}
+
+    @classmethod
+    def from_stats(cls, stats: dict | None) -> "ReplicaReport | None":
+        fields = (stats or {}).get("kvserve_report")
+        return None if fields is None else cls(*fields)
 
 
 @dataclass
@@ -60,7 +77,7 @@ class ReplicaState:
         self.pending: dict[int, float] = {}  # key -> when a request carrying it was routed here
         self.running = self.waiting = self.free_blocks = self.num_blocks = 0
         self.inflight = 0  # requests this router sent here that have not finished
-        self.reported = False
+        self.last_report: ReplicaReport | None = None
 
     @property
     def load(self) -> int:
@@ -73,7 +90,7 @@ class ReplicaState:
             del self.pending[key]
         self.running, self.waiting = report.running, report.waiting
         self.free_blocks, self.num_blocks = report.free_blocks, report.num_blocks
-        self.reported = True
+        self.last_report = report
 
     def matched(self, keys: Sequence[int], now: float, ttl: float) -> int:
         """How many leading keys this replica is believed to hold."""
@@ -202,6 +219,8 @@ class Router:
                 state.expire(now, self.pending_ttl)
 
 
-def report_from(replica_id: str, blocks: BlockManager, running: int, waiting: int) -> ReplicaReport:
-    """A replica's report from its block manager: every key its prefix cache holds (at most one a block)."""
-    return ReplicaReport(replica_id, list(blocks.cached), running, waiting, blocks.num_free_blocks, blocks.num_blocks)
+def report_from(replica_id: str, blocks: BlockManager, running: int, waiting: int, **counters) -> ReplicaReport:
+    """A replica's report from its block manager: every key its prefix cache holds (at most one a block),
+    its load, and `counters` (ReplicaReport's optional fields)."""
+    return ReplicaReport(replica_id, list(blocks.cached), running, waiting, blocks.num_free_blocks, blocks.num_blocks,
+                         **counters)

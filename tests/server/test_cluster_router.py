@@ -101,3 +101,13 @@ def test_a_restarted_replica_loses_its_believed_cache_and_an_excluded_one_is_ski
 def test_an_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="round-robin"):
         Router("random")
+
+
+def test_the_routing_simulator_finds_kv_routing_hits_more_than_round_robin_and_the_oracle_no_less_than_kv():
+    from bench.routing_sim import CostModel, make_trace, simulate
+    trace = make_trace(num_requests=60, rate=40.0, tenants=8, zipf_s=1.0, output_tokens=4, seed=1)
+    run = dict(cost=CostModel(1e-3, 3e-4, 1e-4), num_blocks=128, block_size=16, max_num_seqs=16, max_batched=128,
+               report_interval=0.5, imbalance_threshold=8, seed=1)
+    hit = {p: simulate(trace, p, 3, **run).hit_rate for p in ("kv", "oracle", "round-robin")}
+    assert hit["kv"] > hit["round-robin"] + 0.1, hit
+    assert hit["oracle"] >= hit["kv"] - 0.05, hit
