@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.engine import Engine
 from server.api.errors import is_openai_path
+from server.api.kv_routes import router as kv_router
 from server.api.metrics import Metrics
 from server.api.middleware import BearerAuth, BodySizeLimit
 from server.api.playground import router as playground_router
@@ -200,6 +201,7 @@ def create_app(load_engine: Callable[[], Engine], *, model_name: str = "model", 
         card = ModelCard(id=model_name, created=state.created, max_model_len=state.ready_engine().context_length)
         return ModelList(data=[card]).model_dump()
 
+    app.include_router(kv_router)  # GET /kv, /kv/stream: the KV-cache block pool
     app.include_router(playground_router)  # GET /: the browser playground
     return app
 

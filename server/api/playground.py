@@ -1,5 +1,6 @@
 """The browser playground: `GET /` serves a single static page (no build step) and its scripts and
-stylesheet. The page talks to the public API only (`/info`, `/generate_stream`), like any client."""
+stylesheet. The page talks to the public API only (`/info`, `/generate_stream`, `/v1/completions`, `/kv`,
+`/kv/stream`), like any client."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +9,8 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import FileResponse
 
 STATIC_DIR = Path(__file__).parent / "static"
-PAGE_ASSETS = {"app.js": "text/javascript", "sse.js": "text/javascript", "attention.js": "text/javascript",
-               "style.css": "text/css"}
+PAGE_ASSETS = {name: "text/javascript" for name in ("app.js", "api.js", "sse.js", "attention.js", "tabs.js", "race.js",
+                                                    "itl_chart.js", "kvmap.js", "demo.js")} | {"style.css": "text/css"}
 NO_CACHE = {"Cache-Control": "no-cache"}  # a new server version is picked up on reload
 
 router = APIRouter(include_in_schema=False)

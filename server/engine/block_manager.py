@@ -49,6 +49,8 @@ class BlockManager:
         self.block_hash: list[int | None] = [None] * num_blocks  # key of a cached full block, else None
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # its tokens, to verify hits
         self.cached: dict[int, int] = {}  # key -> block
+        self.hit_counts = [0] * num_blocks  # per block: prefix-cache hits it served (for the KV view)
+        self.evictions = 0  # cached blocks reused for other tokens (for the KV view)
 
     @property
     def num_free_blocks(self) -> int:
@@ -112,6 +114,7 @@ class BlockManager:
             if self.ref_counts[block] == 0:
                 del self.free[block]
             self.ref_counts[block] += 1
+            self.hit_counts[block] += 1
         req.block_ids = list(hits) + self._allocate(self.blocks_for(req.num_tokens) - len(hits))
         req.num_computed = len(hits) * self.block_size
         req.registered_blocks = len(hits)
@@ -153,6 +156,7 @@ class BlockManager:
         blocks = []
         for _ in range(n):
             block, _ = self.free.popitem(last=False)  # the least recently released
+            self.evictions += self.block_hash[block] is not None
             self.forget([block])
             self.ref_counts[block] = 1
             blocks.append(block)

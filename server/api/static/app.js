@@ -1,13 +1,10 @@
 // The playground page: builds a TGI request from the form, streams tokens from POST /generate_stream,
 // keeps the live figures, and hands the attention weights of a finished generation to the attention view.
 import { sseData } from "./sse.js";
+import { $, authHeaders } from "./api.js";
 import { AttentionView } from "./attention.js";
 
-const $ = (id) => document.getElementById(id);
 const MAX_STOP = 4; // the server's limit
-
-// The server's key when it has one (--api-key): the page itself is public, its API calls are not.
-const authHeaders = () => ($("api-key").value ? { Authorization: `Bearer ${$("api-key").value}` } : {});
 
 let running = null; // { controller, started, firstToken, count } while a generation streams
 let attentionView = null;
