@@ -1,6 +1,8 @@
-"""Regenerates the playground screenshots of the README: docs/images/playground.png and attention.png.
+"""Regenerates the playground screenshots of the README: docs/images/playground.png and attention.png, then
+race.png and kv-map.png, which the browser test of the race and the map takes itself
+(tests/server/test_kv_browser.py, always on the default model).
 
-    .venv/bin/python docs/make_screenshots.py [--checkpoint checkpoints/shakespeare-small]
+    .venv/bin/python docs/make_screenshots.py [--checkpoint checkpoints/shakespeare-small] [--only-kv]
 
 Serves the checkpoint on an ephemeral 127.0.0.1 port and drives headless Chromium with the helpers of the
 browser test (tests/server/test_playground_browser.py). Needs /usr/bin/chromium and `pip install playwright`.
@@ -9,6 +11,9 @@ Without the checkpoint it falls back to a tiny random model and says so: same pa
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -40,11 +45,29 @@ def tiny_random_checkpoint() -> Path:
     return save_checkpoint(GPT(config).eval(), tokenizer, Path(tempfile.mkdtemp(prefix="tiny-ckpt-")))
 
 
+KV_SCREENSHOTS = ("race.png", "kv-map.png")
+
+
+def kv_screenshots(out: Path) -> None:
+    """Runs the race and demo browser tests, which save these screenshots, and copies them to `out`."""
+    with tempfile.TemporaryDirectory() as folder:
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "tests/server/test_kv_browser.py", "-k",
+                        "race or demo"], cwd=REPO, env={**os.environ, "KVSERVE_ARTIFACTS": folder}, check=True)
+        for name in KV_SCREENSHOTS:
+            shutil.copy(Path(folder) / "playground" / name, out / name)
+    print(f"wrote {', '.join(str(out / name) for name in KV_SCREENSHOTS)}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     ap.add_argument("--out", type=Path, default=IMAGES)
+    ap.add_argument("--only-kv", action="store_true", help="only race.png and kv-map.png")
     args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    kv_screenshots(args.out)
+    if args.only_kv:
+        return 0
     checkpoint, model_name = args.checkpoint, args.checkpoint.name
     if not (checkpoint / "model.safetensors").is_file():
         print(f"warning: no checkpoint at {checkpoint}; using a tiny random model (its text is noise)")

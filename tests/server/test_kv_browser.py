@@ -10,7 +10,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.server.conftest import serve, wait_for
+from model.checkpoint import DEFAULT_CHECKPOINT
+from server.api.app import create_app
+from server.engine import Engine, EngineArgs, EngineConfig
+from tests.conftest import TEST_DEVICE
+from tests.server.conftest import LiveServer, wait_for
 from tests.server.step_gate import step_gate
 from tests.server.test_playground_browser import artifacts, browser, expect  # noqa: F401 - fixtures
 
@@ -21,8 +25,11 @@ MAP_PROMPT = "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?"
 
 @pytest.fixture(scope="module")
 def pool_live(default_checkpoint):
-    """The default model; a pool of 64 blocks (two full contexts), up to 16 requests at once."""
-    server = serve(default_checkpoint, num_blocks=64, max_num_seqs=16)
+    """The default model, under its own name (the screenshots show it); a pool of 64 blocks (two full
+    contexts), up to 16 requests at once."""
+    args = EngineArgs(checkpoint=default_checkpoint, device=TEST_DEVICE,
+                      config=EngineConfig(threads=1, num_blocks=64, max_num_seqs=16))
+    server = LiveServer(create_app(lambda: Engine.from_args(args), model_name=default_checkpoint.name)).start()
     yield server
     server.stop()
 
@@ -37,7 +44,7 @@ def open_tab(browser, pool_live):  # noqa: F811
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         pages.append(page)
         page.goto(f"{pool_live.url}/#{tab}")
-        expect(page.locator("#model-info")).to_contain_text("tiny")  # serve() names every model so
+        expect(page.locator("#model-info")).to_contain_text(DEFAULT_CHECKPOINT.name)
         return page
 
     yield open_

@@ -42,10 +42,10 @@ def test_a_snapshot_shows_shared_blocks_hits_and_evictions():
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_waiting=4)
     new = lambda tokens: Request(list(tokens), SamplingParams(temperature=0), seed=0, sink=lambda o: None)  # noqa: E731
     a = new(range(9))
-    sched.add(a)
+    sched.add_all([a])
     step_all(bm, sched)
     b = new(list(range(8)) + [77])  # its first two blocks are a's
-    sched.add(b)
+    sched.add_all([b])
     step_all(bm, sched)
     snap = kv_snapshot(bm, sched)
     shared = a.block_ids[:2]
@@ -61,7 +61,7 @@ def test_a_snapshot_shows_shared_blocks_hits_and_evictions():
     snap = kv_snapshot(bm, sched)
     assert (snap.held_blocks, snap.cached_blocks, snap.free_blocks, snap.requests) == (0, 2, 4, [])
     assert sorted(snap.cached_lru) == sorted(shared)
-    sched.add(new(range(100, 124)))  # six blocks: both cached ones are taken
+    sched.add_all([new(range(100, 124))])  # six blocks: both cached ones are taken
     step_all(bm, sched)
     snap = kv_snapshot(bm, sched)
     assert (snap.held_blocks, snap.cached_blocks, snap.evictions) == (6, 0, 2)

@@ -104,7 +104,10 @@ export class GuidedDemo {
     let received = 0;
     try {
       for await (const _ of streamTokens(tgi(4), controller.signal)) {
-        if (++received === CANCEL_AFTER) controller.abort();
+        if (++received === CANCEL_AFTER) {
+          controller.abort(); // the server sees the connection close and cancels the request
+          break;
+        }
       }
     } catch (error) {
       if (error.name !== "AbortError") throw error;
