@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -41,7 +41,7 @@ async def take_snapshot(engine: Engine) -> KVSnapshot:
 class KVWatch:
     """The one snapshot loop of an app, shared by all its watchers; it runs only while there is one."""
 
-    def __init__(self, engine: Engine, is_shutting_down) -> None:
+    def __init__(self, engine: Engine, is_shutting_down: Callable[[], bool]) -> None:
         self.engine, self.is_shutting_down = engine, is_shutting_down
         self._queues: set[asyncio.Queue] = set()
         self._task: asyncio.Task | None = None
