@@ -63,6 +63,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      help="exact: our bit-exact CPU kernels; stock: torch's (default: exact where they run)")
     eng.add_argument("--threads", type=_at_least(int, 0), default=None,
                      help="CPU threads for the model (default: torch's, one per core)")
+    spec = ap.add_argument_group("speculative decoding (see 'Speculative decoding' in README.md)")
+    spec.add_argument("--speculative", choices=["ngram"], default=defaults.speculative,
+                      help="ngram: draft tokens by prompt lookup and verify them exactly (the output is unchanged); "
+                           "default: off")
+    spec.add_argument("--num-speculative-tokens", type=_at_least(int, 0), default=defaults.num_speculative_tokens,
+                      help="the most draft tokens a request verifies in one step (K)")
+    spec.add_argument("--prompt-lookup-min", type=_at_least(int, 0), default=defaults.prompt_lookup_min,
+                      help="the shortest n-gram a draft is looked up by")
+    spec.add_argument("--prompt-lookup-max", type=_at_least(int, 0), default=defaults.prompt_lookup_max,
+                      help="the longest n-gram a draft is looked up by (tried first)")
     ap.add_argument("--log-level", default="info")
     sec = ap.add_argument_group("security")
     sec.add_argument("--api-key", default=os.environ.get("KVSERVE_API_KEY") or None,
@@ -116,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         config = EngineConfig(max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
                               max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
                               kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.prefix_caching,
-                              threads=args.threads, kernels=args.kernels)
+                              threads=args.threads, kernels=args.kernels, speculative=args.speculative,
+                              num_speculative_tokens=args.num_speculative_tokens,
+                              prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -76,10 +76,8 @@ class AppState:
         # (BENCHMARKS.md); vLLM freezes its heap after startup too.
         gc.collect()
         gc.freeze()
-        stats = engine.stats
         self.metrics.bind(lambda: engine.num_running, lambda: engine.num_waiting, lambda: engine.kv_cache_usage,
-                          lambda: {"prefix_cache_queries": stats.prefix_cache_queries,
-                                   "prefix_cache_hits": stats.prefix_cache_hits, "num_preemptions": stats.preemptions})
+                          engine.counters)
         self.engine = engine
         log.info("model %s ready", self.model_name)
 

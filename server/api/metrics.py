@@ -32,9 +32,21 @@ class EngineCounters:
         values = self.read()
         for name, doc in (("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
                           ("prefix_cache_hits", "Prompt tokens served from the prefix cache."),
-                          ("num_preemptions", "Requests preempted (blocks freed, recomputed later).")):
-            family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
-            family.add_metric([self.model_name], values.get(name, 0))
+                          ("num_preemptions", "Requests preempted (blocks freed, recomputed later)."),
+                          ("spec_decode_num_drafts", "Speculative drafts verified."),
+                          ("spec_decode_num_draft_tokens", "Speculative draft tokens verified."),
+                          ("spec_decode_num_accepted_tokens", "Speculative draft tokens accepted.")):
+            if name in values:
+                family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+                family.add_metric([self.model_name], values[name])
+                yield family
+        per_position = values.get("spec_decode_num_accepted_tokens_per_pos")
+        if per_position is not None:
+            family = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                         "Speculative drafts whose token at this position was accepted.",
+                                         labels=["model_name", "position"])
+            for position, count in enumerate(per_position):
+                family.add_metric([self.model_name, str(position)], count)
             yield family
 
 

@@ -43,6 +43,8 @@ class GenerateParameters(Strict):
     return_full_text: bool = False
     truncate: int | None = Field(None, ge=1, description="keep only the last `truncate` prompt tokens")
     use_cache: bool = Field(True, description="our extension: false recomputes the whole sequence every step")
+    speculative: bool = Field(True, description="our extension: false opts out of speculative decoding "
+                              "(when the server runs it; the output is the same either way)")
     return_attention: bool = Field(False, description="our extension: attention weights of the first generated "
                                    "tokens in details.attention (turns details on)")
     ignore_eos: bool = Field(False, description="our extension (vLLM's): generate max_new_tokens whatever comes")
@@ -95,6 +97,7 @@ class Timing(BaseModel):
 
     use_cache: bool
     cached_tokens: int  # prompt tokens whose keys and values came from the prefix cache
+    accepted_draft_tokens: int = 0  # generated tokens that came from accepted speculative drafts
     queue_time_s: float | None
     time_to_first_token_s: float | None
     e2e_latency_s: float | None

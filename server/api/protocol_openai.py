@@ -35,6 +35,7 @@ class SamplingFields(Strict):
     top_k: int | None = Field(None, gt=0)
     repetition_penalty: float | None = Field(None, gt=0)
     use_cache: bool = True
+    speculative: bool = True  # false opts out of speculative decoding (the output is the same either way)
     ignore_eos: bool = False
     timeout: float | None = Field(None, gt=0, description=TIMEOUT_DOC)
     cache_salt: NonEmptyStr | None = Field(None, description=CACHE_SALT_DOC)
@@ -99,11 +100,17 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int  # prompt tokens served from the prefix cache
 
 
+class CompletionTokensDetails(BaseModel):
+    accepted_prediction_tokens: int  # generated tokens that came from accepted speculative drafts
+    rejected_prediction_tokens: int  # draft tokens verified and rejected
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 class CompletionResponse(BaseModel):

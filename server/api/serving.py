@@ -152,7 +152,7 @@ class Generation:
 
     def __init__(self, engine: Engine, metrics: Metrics, prompts: list[list[int]], params: list[SamplingParams],
                  use_cache: bool, *, timeout: float | None = None, max_tokens_field: str = "max_new_tokens",
-                 cache_salt: str | None = None) -> None:
+                 cache_salt: str | None = None, speculative: bool = True) -> None:
         """params: one per copy of each prompt (the same list for every prompt)."""
         self.engine, self.metrics, self.prompts, self.params, self.use_cache = engine, metrics, prompts, params, use_cache
         self.timeout, self.expired = timeout, False
@@ -164,10 +164,10 @@ class Generation:
             for ids in prompts:
                 if self.copies == 1:
                     self.request_ids.append(engine.submit(ids, params[0], sink, use_cache=use_cache,
-                                                          cache_salt=cache_salt))
+                                                          cache_salt=cache_salt, speculative=speculative))
                 else:
                     self.request_ids += engine.submit_copies(ids, params, [sink] * self.copies, use_cache=use_cache,
-                                                             cache_salt=cache_salt)
+                                                             cache_salt=cache_salt, speculative=speculative)
         except PromptError as e:
             self.cancel()
             raise APIError(422, str(e).replace("max_new_tokens", max_tokens_field), "validation",

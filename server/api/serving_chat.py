@@ -71,7 +71,8 @@ async def chat_completion(request: Request, body: ChatCompletionRequest, engine:
     limits.check_prompt(len(prompt_ids))
     params = chat_params(body, engine, limits, len(prompt_ids))
     gen = Generation(engine, metrics, [prompt_ids], copies_of(params, body.n), body.use_cache,
-                     timeout=limits.deadline(body.timeout), max_tokens_field="max_tokens", cache_salt=body.cache_salt)
+                     timeout=limits.deadline(body.timeout), max_tokens_field="max_tokens", cache_salt=body.cache_salt,
+                     speculative=body.speculative)
     head = dict(id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=model_name)
     if body.stream:
         return sse_response(_chat_events(engine, gen.events(request), head, body, prompt_ids), gen)

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from model.sampling import SamplingParams
 from server.api.metrics import Metrics
 from server.api.protocol_openai import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
-                                        PromptTokensDetails, Usage)
+                                        CompletionTokensDetails, PromptTokensDetails, Usage)
 from server.api.serving import (APIError, Generation, Limits, copies_of, encode, error_event, logit_bias_of,
                                 sampling_params, seed_for, sse_response, tokens_of)
 from server.engine import FINISH_EOS, FINISH_ERROR, FINISH_STOP, Engine, TokenOutput
@@ -113,8 +113,13 @@ def usage_of(prompts: list[list[int]], choices: list[list[TokenOutput]], copies:
     generated = sum(len(tokens_of(c)) for c in choices)
     cached = sum(choices[i * copies][-1].stats.cached_tokens for i in range(len(prompts))
                  if choices[i * copies] and choices[i * copies][-1].stats)
+    finals = [c[-1].stats for c in choices if c and c[-1].stats]
+    accepted = sum(s.accepted_draft_tokens for s in finals)
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=generated, total_tokens=prompt_tokens + generated,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+                 completion_tokens_details=CompletionTokensDetails(
+                     accepted_prediction_tokens=accepted,
+                     rejected_prediction_tokens=sum(s.draft_tokens for s in finals) - accepted))
 
 
 async def openai_completion(request: Request, body: CompletionRequest, engine: Engine, metrics: Metrics,
@@ -126,7 +131,8 @@ async def openai_completion(request: Request, body: CompletionRequest, engine: E
     params = completion_params(body, engine, limits)
     n, copies = body.n, body.best_of or body.n
     gen = Generation(engine, metrics, prompts, copies_of(params, copies), body.use_cache,
-                     timeout=limits.deadline(body.timeout), max_tokens_field="max_tokens", cache_salt=body.cache_salt)
+                     timeout=limits.deadline(body.timeout), max_tokens_field="max_tokens", cache_salt=body.cache_salt,
+                     speculative=body.speculative)
     head = CompletionResponse(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=model_name, choices=[])
     builder = LogprobsBuilder(engine, body.logprobs or 0)
     texts = [engine.tokenizer.decode(p) if isinstance(raw, list) else raw for p, raw in zip(prompts, body.prompts)]

@@ -67,7 +67,8 @@ def _prefill(engine: Engine, prompt_ids: list[int], first: TokenOutput) -> list[
 
 def _timing(final: TokenOutput) -> dict:
     s = final.stats
-    return dict(use_cache=s.use_cache, cached_tokens=s.cached_tokens, queue_time_s=s.queue_time_s,
+    return dict(use_cache=s.use_cache, cached_tokens=s.cached_tokens, accepted_draft_tokens=s.accepted_draft_tokens,
+                queue_time_s=s.queue_time_s,
                 time_to_first_token_s=s.time_to_first_token_s, e2e_latency_s=s.e2e_latency_s,
                 tokens_per_s=s.tokens_per_s)
 
@@ -89,7 +90,7 @@ async def tgi_generate(request: Request, body: GenerateRequest, engine: Engine, 
     if stream and best_of > 1:
         raise APIError(422, "parameters.best_of > 1 cannot be streamed, as in TGI", "validation")
     gen = Generation(engine, metrics, [prompt_ids], copies_of(params, best_of), p.use_cache,
-                     timeout=limits.deadline(p.timeout), cache_salt=p.cache_salt)
+                     timeout=limits.deadline(p.timeout), cache_salt=p.cache_salt, speculative=p.speculative)
     prefix = body.inputs if p.return_full_text else ""
     attention = (lambda out_ids: attention_of_generation(engine, prompt_ids, out_ids)) if p.return_attention else None
     if stream:

@@ -17,10 +17,21 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     threads: int | None = None  # CPU threads of the engine's kernels (None: torch's default, one per core)
     kernels: str = "auto"  # 'exact', 'stock' or 'auto' (model.kernels.kernels_for)
+    speculative: str | None = None  # 'ngram': draft by prompt lookup and verify exactly; None: off
+    num_speculative_tokens: int = 4  # K, the most draft tokens a request verifies in one step
+    prompt_lookup_min: int = 2  # the shortest n-gram a draft is looked up by
+    prompt_lookup_max: int = 4  # the longest
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.speculative not in (None, "ngram"):
+            raise ValueError(f"speculative must be 'ngram' or None, got {self.speculative!r}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min} "
+                             f"and {self.prompt_lookup_max}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")

@@ -38,6 +38,7 @@ from server.engine.output_processor import OutputProcessor
 from server.engine.request import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, Request, Sink, TokenOutput
 from server.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from server.engine.sinks import one_wakeup_per_loop
+from server.engine.speculative import Drafter
 
 log = logging.getLogger("kvserve.engine")
 
@@ -84,7 +85,10 @@ class Engine:
         self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens, max_waiting=config.max_waiting)
-        self.runner = ModelRunner(model, self.cache, config.max_num_seqs, config.max_num_batched_tokens)
+        self.drafter = Drafter(config.num_speculative_tokens, config.prompt_lookup_min,
+                               config.prompt_lookup_max) if config.speculative == "ngram" else None
+        self.runner = ModelRunner(model, self.cache, config.max_num_seqs, config.max_num_batched_tokens,
+                                  config.num_speculative_tokens if self.drafter else 0)
         self.outputs = OutputProcessor(tokenizer)
         self._wakeup = threading.Condition()
         self._step_lock = threading.Lock()  # held for the length of a step; `paused()` holds it too
@@ -123,21 +127,35 @@ class Engine:
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats
 
+    def counters(self) -> dict[str, float | list[int]]:
+        """The engine's running totals for /metrics (vLLM's names, the spec-decode ones when it speculates)."""
+        s = self.scheduler.stats
+        out = {"prefix_cache_queries": s.prefix_cache_queries, "prefix_cache_hits": s.prefix_cache_hits,
+               "num_preemptions": s.preemptions}
+        if self.drafter is not None:
+            d = self.drafter.stats
+            out.update(spec_decode_num_drafts=d.num_drafts, spec_decode_num_draft_tokens=d.num_draft_tokens,
+                       spec_decode_num_accepted_tokens=d.num_accepted_tokens,
+                       spec_decode_num_accepted_tokens_per_pos=list(d.accepted_per_position))
+        return out
+
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, *, use_cache: bool = True,
-               request_id: str | None = None, cache_salt: str | None = None) -> str:
+               request_id: str | None = None, cache_salt: str | None = None, speculative: bool = True) -> str:
         """Queues a request; `sink` gets its TokenOutputs on the engine thread and must not block.
         Raises PromptError (prompt too long, empty...), QueueFullError, EngineStoppedError at once."""
         self._check(prompt_ids, params)
-        return self._enqueue([self._request(prompt_ids, params, sink, use_cache, request_id, cache_salt)])[0]
+        return self._enqueue([self._request(prompt_ids, params, sink, use_cache, request_id, cache_salt,
+                                            speculative)])[0]
 
     def submit_copies(self, prompt_ids: list[int], params: list[SamplingParams], sinks: list[Sink], *,
-                      use_cache: bool = True, cache_salt: str | None = None) -> list[str]:
+                      use_cache: bool = True, cache_salt: str | None = None, speculative: bool = True) -> list[str]:
         """Several requests for one prompt (OpenAI's n and best_of): the first reads the prompt, the others
         wait until its keys and values are in the prefix cache and take them from there. All or none
         are queued."""
         for p in params:
             self._check(prompt_ids, p, copies=len(params))
-        reqs = [self._request(prompt_ids, p, sink, use_cache, None, cache_salt) for p, sink in zip(params, sinks)]
+        reqs = [self._request(prompt_ids, p, sink, use_cache, None, cache_salt, speculative)
+                for p, sink in zip(params, sinks)]
         if use_cache and self.config.enable_prefix_caching and params[0].prompt_logprobs is None:
             for req in reqs[1:]:
                 req.wait_for = reqs[0]
@@ -154,10 +172,10 @@ class Engine:
             raise PromptError(f"{many}prompt + max_new_tokens need {needed} KV-cache blocks; the cache has "
                               f"{self.blocks.num_blocks} (--kv-cache-memory)")
 
-    def _request(self, prompt_ids, params, sink, use_cache, request_id, cache_salt) -> Request:
+    def _request(self, prompt_ids, params, sink, use_cache, request_id, cache_salt, speculative) -> Request:
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         req = Request(prompt_ids, params, seed, sink, use_cache=use_cache, cache_salt=cache_salt,
-                      request_id=request_id)
+                      request_id=request_id, speculative=speculative)
         self.outputs.start(req)
         return req
 
@@ -293,6 +311,10 @@ class Engine:
     # ---- one step: schedule -> execute -> update --------------------------------------------------
 
     def step(self) -> SchedulerOutput:
+        if self.drafter is not None:
+            for req in self.scheduler.running:  # drafts for the decoding requests (the schedule fits what it can)
+                decoding = req.speculative and req.num_computed == req.num_tokens - 1
+                req.draft = self.drafter.propose(req) if decoding else []
         sched = self.scheduler.schedule()
         events = [(req, self.outputs.end(req, FINISH_ABORT)) for req in sched.aborted]
         if sched.num_tokens:
@@ -311,23 +333,27 @@ class Engine:
         merged = StepResult([], {})
         for req, n in sched.num_tokens.items():
             try:
-                result = self.runner.run(SchedulerOutput(num_tokens={req: n},
-                                                         admitted=[req] if req in sched.admitted else []))
+                result = self.runner.run(SchedulerOutput(
+                    num_tokens={req: n}, admitted=[req] if req in sched.admitted else [],
+                    drafts={req: sched.drafts[req]} if req in sched.drafts else {}))
             except Exception as e:
                 self._fail(req, f"{type(e).__name__}: {e}", events)
                 continue
             merged.sampled += result.sampled
             merged.prompt_logprobs.update(result.prompt_logprobs)
+            merged.verified.update(result.verified)
         return merged
 
     def _update(self, sched: SchedulerOutput, result: StepResult, events: list) -> None:
+        for req, (drafted, accepted) in result.verified.items():
+            self.drafter.record(req, drafted, accepted, batch=len(sched.num_tokens))
         for req, entries in result.prompt_logprobs.items():
             have = len(req.prompt_logprobs)  # a resumed request computes its prompt again: keep the first
             req.prompt_logprobs += [e for e in entries if e.position > have]
         for req, n in sched.num_tokens.items():
             if req.finished:
                 continue
-            req.num_computed += n
+            req.num_computed += n - len(sched.drafts.get(req, ()))  # a draft's positions count once accepted
             self.blocks.register_full_blocks(req)
             if req.params.max_new_tokens == 0 and req.num_computed >= req.num_prompt_tokens:
                 self.scheduler.finish(req)  # the prompt is scored: nothing to generate
@@ -344,6 +370,9 @@ class Engine:
             except Exception as e:
                 self._fail(req, f"{type(e).__name__}: {e}", events)
                 continue
+            if s.cached:  # an accepted draft token: the step computed its keys and values
+                req.num_computed += 1
+                self.blocks.register_full_blocks(req)
             if req.finish_reason is not None:
                 self.scheduler.finish(req)
             events.append((req, out))

@@ -11,7 +11,7 @@ update does), so a failed step can be rerun request by request.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from server.engine.prompt_scoring import PromptScoring, plan_prompt_scoring, sco
 from server.engine.request import PromptLogprob, Request
 from server.engine.sampler import Sampled, Sampler, SamplingArgs
 from server.engine.scheduler import SchedulerOutput
+from server.engine.speculative import accepted_length
 
 log = logging.getLogger("kvserve.runner")
 
@@ -39,18 +40,21 @@ class StepInputs:
 
 @dataclass
 class StepResult:
-    sampled: list[Sampled]  # one per request that reached the end of its tokens and generates
+    sampled: list[Sampled]  # per request that reached the end of its tokens and generates: its new tokens, in order
     prompt_logprobs: dict[Request, list[PromptLogprob]]  # per request that asked: its prompt positions this step
+    verified: dict[Request, tuple[int, int]] = field(default_factory=dict)  # drafting request -> (drafted, accepted)
 
 
 class ModelRunner:
-    def __init__(self, model: GPT, cache: PagedKVCache, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, model: GPT, cache: PagedKVCache, max_num_seqs: int, max_num_batched_tokens: int,
+                 num_speculative_tokens: int = 0) -> None:
         self.model, self.cache, self.device = model, cache, model.device
         self.block_size = cache.block_size
         self.max_rows = max_num_seqs
         self.max_blocks = -(-model.config.n_positions // self.block_size)
         self._row_blocks = np.zeros(max_num_seqs, dtype=np.int64)  # block ids written to each row's table
-        self.sampler = Sampler(max_num_seqs, model.config.vocab_size, self.device, exact=model.kernels == "exact")
+        self.sampler = Sampler(max_num_seqs, model.config.vocab_size, self.device, exact=model.kernels == "exact",
+                               max_samples=max_num_seqs * (1 + num_speculative_tokens))
         self._allocate(max(max_num_batched_tokens, model.config.n_positions))
 
     def _allocate(self, max_tokens: int) -> None:
@@ -63,7 +67,7 @@ class ModelRunner:
             "token_ids": (np.int64, (max_tokens,)), "positions": (np.int64, (max_tokens,)),
             "slot_mapping": (np.int64, (max_tokens,)),
             "query_start": (np.int32, (R + 1,)), "seq_lens": (np.int32, (R,)), "seq_rows": (np.int32, (R,)),
-            "logits_rows": (np.int64, (R,)),
+            "logits_rows": (np.int64, (max(max_tokens, R),)),
         }, self.device)
         if previous is not None:
             self.buffers.host["block_tables"][...] = previous.host["block_tables"]
@@ -95,7 +99,7 @@ class ModelRunner:
         self.buffers.wait_copied()
         for req in sched.admitted:
             self._admit(req)
-        host = self.buffers.host
+        host, drafts = self.buffers.host, sched.drafts
         scheduled = list(sched.num_tokens.items())
         rows, starts, counts, ids, sampling = [], [], [], [], []
         for i, (req, n) in enumerate(scheduled):
@@ -105,6 +109,10 @@ class ModelRunner:
             counts.append(n)
             if n == 1:
                 ids.append(req.token_ids[start])
+            elif drafts and req in drafts:  # its last token, then the draft
+                ids.append(req.token_ids[start])
+                ids += drafts[req]
+                n = 1
             else:
                 ids += req.token_ids[start:start + n]
             if start + n == req.num_tokens and req.params.max_new_tokens > 0:
@@ -131,17 +139,23 @@ class ModelRunner:
         block, offset = np.divmod(positions, self.block_size)
         host["slot_mapping"][:N] = host["block_tables"][token_rows, block] * self.block_size + offset
         sample_reqs = [req for req, _ in scheduled] if len(sampling) == S else [scheduled[i][0] for i in sampling]
-        R, t = len(sample_reqs), self.buffers.tensors
+        t, sample_drafts = self.buffers.tensors, None
+        last_rows = query_start[1:][sampling] - 1
+        if drafts:  # a drafting request samples its last K + 1 rows
+            sample_drafts = [drafts.get(req, []) for req in sample_reqs]
+            last_rows = np.concatenate([np.arange(end - len(d), end + 1) for end, d in zip(last_rows, sample_drafts)])
+        R = len(last_rows)
         logits_rows = None
         if R and R != N:
-            host["logits_rows"][:R] = query_start[1:][sampling] - 1
+            host["logits_rows"][:R] = last_rows
             logits_rows = t["logits_rows"][:R]
         prompt_scoring = plan_prompt_scoring(scheduled, starts, query_start)
         self.buffers.upload()
         batch = StepBatch(t["token_ids"], t["positions"], t["slot_mapping"], t["query_start"], t["seq_lens"],
                           t["block_tables"], t["seq_rows"], N, S, max(counts) if S else 0,
                           int(seq_lens.max()) if S else 0)
-        return StepInputs(batch, self.sampler.prepare(sample_reqs) if R else None, logits_rows, prompt_scoring)
+        sampling_args = self.sampler.prepare(sample_reqs, sample_drafts) if R else None
+        return StepInputs(batch, sampling_args, logits_rows, prompt_scoring)
 
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> StepResult:
@@ -154,4 +168,28 @@ class ModelRunner:
             return StepResult([], prompt_logprobs)
         rows = hidden if inputs.logits_rows is None else hidden[inputs.logits_rows]  # (R, C)
         logits = self.model.compute_logits(rows)  # (R, V) float32
-        return StepResult(self.sampler.sample(logits, inputs.sampling), prompt_logprobs)
+        sampled = self.sampler.sample(logits, inputs.sampling)
+        if inputs.sampling.drafts is None:
+            return StepResult(sampled, prompt_logprobs)
+        return self._verify(sampled, inputs.sampling, prompt_logprobs)
+
+    def _verify(self, sampled: list[Sampled], args: SamplingArgs,
+                prompt_logprobs: dict[Request, list[PromptLogprob]]) -> StepResult:
+        """Keeps, per drafting request, its target tokens up to the first that differs from the draft
+        (that one included): the tokens decoding one at a time would have produced."""
+        kept, verified, at = [], {}, 0
+        for draft in args.drafts:
+            rows = sampled[at:at + len(draft) + 1]  # row j: the target's token after draft[:j]
+            at += len(draft) + 1
+            if draft:
+                req = rows[0].request
+                usable = next((j for j, s in enumerate(rows) if s.error is not None), len(draft))
+                m = min(accepted_length(draft, [s.token_id for s in rows]), usable)
+                for s in rows[:m]:
+                    s.cached = True
+                rows = rows[:m + 1]
+                verified[req] = (len(draft), m)
+                if req.params.penalized:
+                    self.sampler.commit(req, [s.token_id for s in rows])
+            kept += rows
+        return StepResult(kept, prompt_logprobs, verified)

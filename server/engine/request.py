@@ -36,6 +36,8 @@ class RequestStats:
     generated_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens whose keys/values came from the prefix cache at admission
     preemptions: int = 0
+    draft_tokens: int = 0  # speculative draft tokens verified for it
+    accepted_draft_tokens: int = 0  # of those, accepted (each a token it got without a step of its own)
 
     @property
     def queue_time_s(self) -> float | None:
@@ -98,7 +100,8 @@ class Request:
     holds them, and where its events go."""
 
     def __init__(self, prompt_ids: list[int], params: SamplingParams, seed: int, sink: Sink, *,
-                 use_cache: bool = True, cache_salt: str | None = None, request_id: str | None = None) -> None:
+                 use_cache: bool = True, cache_salt: str | None = None, request_id: str | None = None,
+                 speculative: bool = True) -> None:
         self.request_id = request_id or f"req-{next(_ids)}"
         self.token_ids = list(prompt_ids)  # the prompt, then every generated token
         self.num_prompt_tokens = len(prompt_ids)
@@ -116,6 +119,9 @@ class Request:
         self.output = None  # the output processor's per-request state
         self.prompt_logprobs: list[PromptLogprob] = []  # as computed, when the request asked for them
         self.wait_for: Request | None = None  # admitted only once that request's prompt is in the cache
+        self.speculative = speculative and use_cache  # may draft, when the engine speculates
+        self.draft: list[int] = []  # tokens proposed for its next step (the drafter's), verified there
+        self.draft_state = None  # the drafter's per-request state (server/engine/speculative.py)
 
     @property
     def num_tokens(self) -> int:

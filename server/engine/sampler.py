@@ -36,6 +36,9 @@ class SamplingArgs:
     filtered: bool  # some sampled row has top_k or top_p on
     penalized: bool  # some row has a penalty or a logit bias
     top_k: int  # the most top alternatives a row asks for (0: none)
+    drafts: list[list[int]] | None = None  # per request (in order, once each), the draft it verifies; None: none
+    draft_history: list[tuple[int, list[int]]] | None = None  # (row i, draft tokens before it) of penalized drafts
+    keeps_history: list[bool] | None = None  # (R,) rows whose pick joins their history now; None: the penalized
 
 
 @dataclass
@@ -43,26 +46,30 @@ class Sampled:
     request: Request  # the request this token belongs to
     token_id: int  # the token sampled for it
     logprob: float  # its log-probability under the model's unmodified distribution
+    cached: bool = False  # an accepted draft token: its keys and values are in the cache already
     error: str | None = None  # set when this row's logits were unusable (NaN, inf): the token means nothing
     top: list[tuple[int, float]] | None = None  # the most likely tokens and their logprobs, when asked for
 
 
 class Sampler:
-    def __init__(self, max_rows: int, vocab_size: int, device: torch.device, exact: bool) -> None:
+    def __init__(self, max_rows: int, vocab_size: int, device: torch.device, exact: bool,
+                 max_samples: int | None = None) -> None:
+        """max_rows: requests running at once; max_samples: rows a step samples, at most (drafts verify
+        several per request; default max_rows)."""
         self.max_rows, self.vocab_size, self.device, self.exact = max_rows, vocab_size, device, exact
-        R = max_rows
+        R, M = max_rows, max(max_samples or max_rows, max_rows)
         self.buffers = InputBuffers({
             "temperature": (np.float32, (R,)), "top_k": (np.int64, (R,)), "top_p": (np.float32, (R,)),  # per row
             "repetition_penalty": (np.float32, (R,)), "presence_penalty": (np.float32, (R,)),
             "frequency_penalty": (np.float32, (R,)),
-            "sample_rows": (np.int64, (R,)), "uniform": (np.float64, (R,)), "sampled_idx": (np.int64, (R,)),  # per step
+            "sample_rows": (np.int64, (M,)), "uniform": (np.float64, (M,)), "sampled_idx": (np.int64, (M,)),  # per step
         }, device)
         self.seeds = np.zeros(R, dtype=np.uint64)
         self._seen: torch.Tensor | None = None  # (rows, V) bool, made when a penalized request first arrives
         self._counts: torch.Tensor | None = None  # (rows, V) float32, generated tokens of each row
         self._bias: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # row -> its logit_bias ids, values
-        self._results = torch.zeros((R, RESULT_COLUMNS + 2 * MAX_LOGPROBS), dtype=torch.float64, device=device)
-        self._lse = torch.zeros(R, dtype=torch.float32, device=device)
+        self._results = torch.zeros((M, RESULT_COLUMNS + 2 * MAX_LOGPROBS), dtype=torch.float64, device=device)
+        self._lse = torch.zeros(M, dtype=torch.float32, device=device)
 
     # ---- rows -------------------------------------------------------------------------------------
 
@@ -93,25 +100,48 @@ class Sampler:
 
     # ---- one step ---------------------------------------------------------------------------------
 
-    def prepare(self, reqs: list[Request]) -> SamplingArgs:
-        """The host-side work of a pick for `reqs` (each holding its row): draws, rows, flags. The
-        buffers go to the device only when the torch path will read them (a sampled or penalized row)."""
+    def prepare(self, reqs: list[Request], drafts: list[list[int]] | None = None) -> SamplingArgs:
+        """The host-side work of a pick for `reqs` (each holding its row): draws, rows, flags. With
+        `drafts` (one per request), a request with a K-token draft samples K + 1 rows: row j picks
+        the token decoding would pick after draft[:j] (its draw is for token index n + j, its penalties
+        count draft[:j] as generated). The buffers go to the device only when the torch path will read
+        them (a sampled or penalized row)."""
         self.buffers.wait_copied()
         host, t = self.buffers.host, self.buffers.tensors
+        offsets = row_drafts = None
+        if drafts is not None:
+            offsets = [j for d in drafts for j in range(len(d) + 1)]  # (R,) each row's place in its draft
+            row_drafts = [d for d in drafts for _ in range(len(d) + 1)]  # (R,) each row's request's draft
+            reqs = [r for r, d in zip(reqs, drafts) for _ in range(len(d) + 1)]
         R = len(reqs)
         host["sample_rows"][:R] = [r.row for r in reqs]
         sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if sampled:
             host["sampled_idx"][:len(sampled)] = sampled
             indices = np.array([r.num_output_tokens for r in reqs], dtype=np.uint64)
+            if offsets is not None:
+                indices += np.array(offsets, dtype=np.uint64)
             host["uniform"][:R] = uniform_draws(self.seeds[host["sample_rows"][:R]], indices)
         penalized = any(r.params.penalized for r in reqs)
+        history = keeps = None
+        if penalized and offsets is not None:
+            keeps = [r.params.penalized and not d for r, d in zip(reqs, row_drafts)]
+            history = [(i, d[:j]) for i, (r, j, d) in enumerate(zip(reqs, offsets, row_drafts))
+                       if r.params.penalized and j]
         if sampled or penalized:
             self.buffers.upload()
         return SamplingArgs(reqs, t["sample_rows"][:R], t["uniform"][:R],
                             t["sampled_idx"][:len(sampled)] if sampled else None,
                             filtered=any(reqs[i].params.top_k > 0 or reqs[i].params.top_p < 1 for i in sampled),
-                            penalized=penalized, top_k=max((r.params.logprobs for r in reqs), default=0))
+                            penalized=penalized, top_k=max((r.params.logprobs for r in reqs), default=0),
+                            drafts=drafts, draft_history=history, keeps_history=keeps)
+
+    def commit(self, req: Request, tokens: list[int]) -> None:
+        """A drafting penalized request's accepted tokens join its history (a pick of draft rows leaves
+        the histories alone: which rows count is known only after verification)."""
+        ids = torch.tensor(tokens, device=self.device)
+        self._seen[req.row, ids] = True
+        self._counts[req.row].index_add_(0, ids, torch.ones(len(tokens), device=self.device))
 
     def sample(self, logits: torch.Tensor, args: SamplingArgs) -> list[Sampled]:
         """logits: (R, V) float32. The pick of every row, copied back once and unpacked."""
@@ -145,7 +175,8 @@ class Sampler:
         for req, row in zip(args.requests, results.tolist()):
             want = req.params.logprobs
             top = list(zip(map(int, row[RESULT_COLUMNS:RESULT_COLUMNS + want]), row[RESULT_COLUMNS + k:][:want]))
-            sampled.append(Sampled(req, int(row[0]), row[1], None if row[2] else NON_FINITE, top if want else None))
+            sampled.append(Sampled(req, int(row[0]), row[1], error=None if row[2] else NON_FINITE,
+                                   top=top if want else None))
         return sampled
 
     def _pick_torch(self, logits: torch.Tensor, args: SamplingArgs, out: torch.Tensor, lse: torch.Tensor) -> None:
@@ -160,7 +191,8 @@ class Sampler:
         tokens, logprobs = sample(logits, batch, torch.where(broken, float(np.log(self.vocab_size)), lse))
         out[:, 0], out[:, 1] = tokens, logprobs
         if penalties is not None:  # the sampled tokens join the histories for the next step
-            penalized = torch.tensor([r.params.penalized for r in args.requests], device=self.device)  # (R,)
+            keeps = args.keeps_history or [r.params.penalized for r in args.requests]
+            penalized = torch.tensor(keeps, device=self.device)  # (R,)
             self._seen[rows[penalized], tokens[penalized]] = True
             self._counts[rows[penalized], tokens[penalized]] += 1
 
@@ -172,5 +204,10 @@ class Sampler:
                 if req.row in self._bias:
                     ids, values = self._bias[req.row]
                     bias[i].index_add_(0, ids, values)
+        seen, counts = self._seen[rows], self._counts[rows]  # (R, V) copies
+        for i, before in args.draft_history or ():  # a draft row: the draft tokens before it count as generated
+            ids = torch.tensor(before, device=self.device)
+            seen[i, ids] = True
+            counts[i].index_add_(0, ids, torch.ones(len(before), device=self.device))
         return Penalties(t["repetition_penalty"][rows], t["presence_penalty"][rows], t["frequency_penalty"][rows],
-                         self._seen[rows], self._counts[rows], bias)
+                         seen, counts, bias)

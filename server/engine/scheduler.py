@@ -8,7 +8,9 @@ Each step, under a budget of `max_num_batched_tokens`:
 2. running requests still reading their prompt get the next chunk from what budget is left, and at
    least MIN_PROMPT_TOKENS, so that prompts progress however many rows decode;
 3. waiting requests are admitted, first come first served, while the budget lasts, fewer than
-   `max_num_seqs` run, and their blocks fit; each takes its prefix-cache hits and a first chunk.
+   `max_num_seqs` run, and their blocks fit; each takes its prefix-cache hits and a first chunk;
+4. decoding requests with a speculative draft (`Request.draft`) verify it, from what budget is left
+   and only where free blocks hold it (a draft never preempts).
 When a decoding request needs a block and none is free, the newest running request is preempted:
 its blocks go back, it returns to the front of the queue, and it recomputes when it resumes.
 
@@ -41,6 +43,7 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)  # sent back to the queue this step (blocks freed)
     aborted: list[Request] = field(default_factory=list)  # cancelled since the last step (blocks freed)
     admitted: list[Request] = field(default_factory=list)  # given a row this step (new or resumed), in order
+    drafts: dict[Request, list[int]] = field(default_factory=dict)  # draft tokens verified this step (in num_tokens)
 
 
 @dataclass
@@ -133,6 +136,15 @@ class Scheduler:
                 n = min(req.num_tokens - req.num_computed, budget)
                 out.num_tokens[req] = n
                 budget -= n
+            for req in self.running:  # 4. drafts of decoding requests, from what budget is left
+                if budget <= 0:
+                    break
+                if req.draft and out.num_tokens.get(req) == 1 and req.use_cache:
+                    k = min(len(req.draft), budget)
+                    if self.blocks.grow(req, req.num_tokens + k):  # never at another request's expense
+                        out.num_tokens[req] += k
+                        out.drafts[req] = req.draft[:k]
+                        budget -= k
             return out
 
     @staticmethod

@@ -1,0 +1,134 @@
+"""Speculative decoding against plain decoding, side by side: `python -m bench.speculative`.
+
+The engine in process (no HTTP), one thread for the kernels and one for torch, as the server runs
+them with --threads 1. Closed loop at each concurrency: C requests in flight, the next one admitted
+when one ends, until --requests have run. Plain and speculative engines run the same workload in
+turns (plain, speculative, plain, ...), --rounds times, and the median of each is reported.
+
+Workloads, from the held-out plays (model.data.VALIDATION_PLAYS):
+- grounded: a passage twice, then its first tokens again ("continue this passage"), greedy: the
+  output copies earlier text;
+- open-greedy: a passage, greedy (a small model falls into its own loops);
+- open-sampled: a passage, sampled at temperature 0.8 (seeded): text that rarely repeats itself.
+
+Each run reports output tokens per second of wall time and per second of CPU time (the process's):
+on a shared machine the wall clock also measures the neighbours, the CPU time much less so.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bench.common import base_parser, machine_info, resolve, write_result
+from loadtest.client import build_prompts
+from model.checkpoint import load_model, load_tokenizer
+from model.data import DEFAULT_DATA_DIR, VALIDATION_PLAYS
+from model.sampling import SamplingParams
+from server.engine import Engine
+
+WORKLOADS = ("grounded", "open-greedy", "open-sampled")
+
+
+def workload_prompts(name: str, tokenizer, data_dir: Path, count: int) -> list[list[int]]:
+    texts = [(data_dir / play).read_text(encoding="utf-8", errors="replace") for play in VALIDATION_PLAYS]
+    if name == "grounded":
+        passages = build_prompts(texts, count, 48, tokenizer, seed=1)
+        return [tokenizer.encode(p + "\n\n" + p + "\n\n") + tokenizer.encode(p)[:12] for p in passages]
+    return [tokenizer.encode(p) for p in build_prompts(texts, count, 64, tokenizer, seed=2)]
+
+
+def params_for(name: str, max_new_tokens: int, i: int) -> SamplingParams:
+    temperature = 0.8 if name == "open-sampled" else 0.0
+    return SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=i, ignore_eos=True)
+
+
+def closed_loop(engine: Engine, prompts: list[list[int]], workload: str, concurrency: int, requests: int,
+                max_new_tokens: int) -> dict:
+    """Runs `requests` requests, `concurrency` at a time, stepping the engine on this thread."""
+    sinks: list[list] = []
+    submitted, steps = 0, 0
+    wall, cpu = time.perf_counter(), time.process_time()
+    while True:
+        running = [s for s in sinks if not (s and s[-1].finished)]
+        while len(running) < concurrency and submitted < requests:
+            sink: list = []
+            engine.submit(prompts[submitted % len(prompts)], params_for(workload, max_new_tokens, submitted),
+                          sink.append)
+            sinks.append(sink)
+            running.append(sink)
+            submitted += 1
+        if not running:
+            break
+        engine.step()
+        steps += 1
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    tokens = sum(1 for s in sinks for e in s if e.token_id is not None)
+    return {"tokens": tokens, "steps": steps, "wall_s": wall, "cpu_s": cpu,
+            "tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / cpu}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = base_parser("python -m bench.speculative", __doc__)
+    ap.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="where the plays' *_gut.txt files are")
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--requests", type=int, default=0, help="per run (default: 2 x concurrency, at least 4)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--num-speculative-tokens", type=int, default=4)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.concurrency, args.rounds, args.max_new_tokens = "1,2", 1, 16
+    args.threads = args.threads or 1
+    device, dtype = resolve(args)
+    torch.set_num_threads(1)
+    model = load_model(args.checkpoint, device=device, dtype=dtype, kernels="auto")
+    tokenizer = load_tokenizer(args.checkpoint)
+    engines = {"plain": Engine(model, tokenizer, threads=args.threads, max_num_seqs=64),
+               "speculative": Engine(model, tokenizer, threads=args.threads, max_num_seqs=64, speculative="ngram",
+                                     num_speculative_tokens=args.num_speculative_tokens)}
+    runs = []
+    for workload in args.workloads.split(","):
+        prompts = workload_prompts(workload, tokenizer, Path(args.data_dir), 64)
+        for concurrency in [int(c) for c in args.concurrency.split(",")]:
+            requests = args.requests or max(4, 2 * concurrency)
+            for round_ in range(args.rounds):
+                for mode, engine in engines.items():
+                    before = engine.counters()
+                    run = closed_loop(engine, prompts, workload, concurrency, requests, args.max_new_tokens)
+                    after = engine.counters()
+                    drafted = after.get("spec_decode_num_draft_tokens", 0) - before.get("spec_decode_num_draft_tokens", 0)
+                    accepted = (after.get("spec_decode_num_accepted_tokens", 0)
+                                - before.get("spec_decode_num_accepted_tokens", 0))
+                    run.update(workload=workload, concurrency=concurrency, mode=mode, round=round_,
+                               draft_tokens=drafted, accepted_tokens=accepted,
+                               acceptance=accepted / drafted if drafted else None)
+                    runs.append(run)
+                    acceptance = "-" if run["acceptance"] is None else f"{run['acceptance']:.2f}"
+                    print(f"{workload:12s} c={concurrency:2d} {mode:11s} round {round_}: "
+                          f"{run['tokens_per_s']:7.1f} tok/s wall, {run['tokens_per_cpu_s']:7.1f} tok/CPU-s, "
+                          f"{run['tokens'] / run['steps']:.2f} tokens/step, acceptance {acceptance}", flush=True)
+    summary = []
+    for workload in args.workloads.split(","):
+        for concurrency in [int(c) for c in args.concurrency.split(",")]:
+            cell = {}
+            for mode in engines:
+                mine = [r for r in runs if (r["workload"], r["concurrency"], r["mode"]) == (workload, concurrency, mode)]
+                cell[mode] = {key: statistics.median(r[key] for r in mine) for key in ("tokens_per_s", "tokens_per_cpu_s")}
+            ratio = {key: cell["speculative"][key] / cell["plain"][key] for key in ("tokens_per_s", "tokens_per_cpu_s")}
+            summary.append({"workload": workload, "concurrency": concurrency, **cell, "ratio": ratio})
+            print(f"{workload:12s} c={concurrency:2d}: speculative / plain = {ratio['tokens_per_s']:.2f} (wall), "
+                  f"{ratio['tokens_per_cpu_s']:.2f} (CPU)", flush=True)
+    write_result("speculative", {"benchmark": "speculative", "machine": machine_info(device, dtype),
+                                 "checkpoint": args.checkpoint, "threads": args.threads,
+                                 "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+                                 "num_speculative_tokens": args.num_speculative_tokens, "summary": summary,
+                                 "runs": runs}, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
