@@ -166,6 +166,8 @@ async def stream_one(client: httpx.AsyncClient, url: str, prompt: str, params: R
                     record.server_generated_tokens = details.get("generated_tokens")
                     record.prompt_tokens = details.get("input_length")
                     record.cached_tokens = details.get("cached_tokens")
+                    record.draft_tokens = details.get("draft_tokens")
+                    record.accepted_draft_tokens = details.get("accepted_draft_tokens")
                     return record
         record.error, record.error_type = "the stream ended without a final event", "truncated_stream"
     except httpx.HTTPError as e:

@@ -27,6 +27,8 @@ class RequestRecord:
     server_generated_tokens: int | None = None  # details.generated_tokens, when sent
     prompt_tokens: int | None = None  # details.input_length, when sent
     cached_tokens: int | None = None  # details.cached_tokens (prompt tokens from the prefix cache), when sent
+    draft_tokens: int | None = None  # details.draft_tokens (speculative draft tokens verified), when sent
+    accepted_draft_tokens: int | None = None  # details.accepted_draft_tokens (of those, accepted), when sent
 
     @property
     def output_tokens(self) -> int:
@@ -79,6 +81,18 @@ def itl_by_token_index(records: list[RequestRecord]) -> list[float]:
     return [s / c for s, c in zip(sums, counts)]
 
 
+def speculation(ok: list[RequestRecord]) -> dict:
+    """Speculative decoding as the server reported it: the acceptance rate of its draft tokens, and the
+    tokens a request gained per step it took (1 without speculation: each accepted draft token came
+    without a step of its own)."""
+    generated = sum(r.server_generated_tokens or 0 for r in ok)
+    drafted = sum(r.draft_tokens or 0 for r in ok)
+    accepted = sum(r.accepted_draft_tokens or 0 for r in ok)
+    return {"draft_tokens": drafted, "accepted_draft_tokens": accepted,
+            "draft_acceptance_rate": accepted / drafted if drafted else None,
+            "tokens_per_step": generated / (generated - accepted) if generated > accepted else None}
+
+
 def summarize(records: list[RequestRecord], wall_s: float, **labels) -> dict:
     """One run's metrics (seconds throughout); `labels` (concurrency, cache_mode, ...) are copied in."""
     ok = [r for r in records if r.ok]
@@ -98,6 +112,7 @@ def summarize(records: list[RequestRecord], wall_s: float, **labels) -> dict:
         "prompt_tokens": prompt,
         "cached_prompt_tokens": cached,  # served from the server's prefix cache
         "prefix_cache_hit_rate": cached / prompt if prompt else None,
+        **speculation(ok),
         "requests_per_s": rate(len(ok)),
         "ttft_s": distribution([r.ttft for r in ok if r.ttft is not None]),
         "tpot_s": distribution([r.tpot for r in ok if r.tpot is not None]),
@@ -138,7 +153,9 @@ LATENCIES = (("TTFT", "ttft_s", "ms", 1e3), ("TPOT", "tpot_s", "ms", 1e3), ("ITL
 TABLE_ROWS = [("requests ok", "requests_ok", None, 1), ("requests failed", "requests_failed", None, 1),
               ("output tokens", "output_tokens", None, 1), ("wall time (s)", "wall_s", None, 1),
               ("output tokens/s", "output_tokens_per_s", None, 1), ("requests/s", "requests_per_s", None, 1),
-              ("prefix-cache hit rate", "prefix_cache_hit_rate", None, 1)] + [
+              ("prefix-cache hit rate", "prefix_cache_hit_rate", None, 1),
+              ("draft acceptance rate", "draft_acceptance_rate", None, 1),
+              ("tokens per step", "tokens_per_step", None, 1)] + [
     (f"{name} {stat} ({unit})", key, stat, scale)
     for name, key, unit, scale in LATENCIES for stat in ("mean", "p50", "p90", "p99")]
 

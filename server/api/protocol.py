@@ -97,7 +97,8 @@ class Timing(BaseModel):
 
     use_cache: bool
     cached_tokens: int  # prompt tokens whose keys and values came from the prefix cache
-    accepted_draft_tokens: int = 0  # generated tokens that came from accepted speculative drafts
+    draft_tokens: int = 0  # speculative draft tokens verified for this request
+    accepted_draft_tokens: int = 0  # of those, accepted: generated tokens that took no step of their own
     queue_time_s: float | None
     time_to_first_token_s: float | None
     e2e_latency_s: float | None

@@ -67,7 +67,8 @@ def _prefill(engine: Engine, prompt_ids: list[int], first: TokenOutput) -> list[
 
 def _timing(final: TokenOutput) -> dict:
     s = final.stats
-    return dict(use_cache=s.use_cache, cached_tokens=s.cached_tokens, accepted_draft_tokens=s.accepted_draft_tokens,
+    return dict(use_cache=s.use_cache, cached_tokens=s.cached_tokens, draft_tokens=s.draft_tokens,
+                accepted_draft_tokens=s.accepted_draft_tokens,
                 queue_time_s=s.queue_time_s,
                 time_to_first_token_s=s.time_to_first_token_s, e2e_latency_s=s.e2e_latency_s,
                 tokens_per_s=s.tokens_per_s)

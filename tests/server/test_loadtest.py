@@ -97,6 +97,18 @@ def test_the_hit_rate_is_cached_over_prompt_tokens():
         200, 64, 0.32)
 
 
+def test_speculation_is_acceptance_over_draft_tokens_and_generated_tokens_per_step():
+    a, b, c = (record(0.0, [0.5], 1.0) for _ in range(3))
+    a.server_generated_tokens, a.draft_tokens, a.accepted_draft_tokens = 40, 30, 20  # 20 steps for 40 tokens
+    b.server_generated_tokens, b.draft_tokens, b.accepted_draft_tokens = 40, 10, 0
+    c.server_generated_tokens = 20  # a server without speculation sends no draft counts
+    summary = summarize([a, b, c], 1.0)
+    assert (summary["draft_tokens"], summary["accepted_draft_tokens"]) == (40, 20)
+    assert summary["draft_acceptance_rate"] == 0.5 and summary["tokens_per_step"] == 100 / 80
+    plain = summarize([c], 1.0)
+    assert plain["draft_acceptance_rate"] is None and plain["tokens_per_step"] == 1.0
+
+
 def test_greedy_request_body_follows_tgi_schema():
     body = RequestParams(max_new_tokens=5, cache_mode="off", ignore_eos=False).body("Hi")
     assert body == {"inputs": "Hi", "parameters": {"max_new_tokens": 5, "use_cache": False, "details": True,
