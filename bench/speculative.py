@@ -26,6 +26,7 @@ from bench.common import base_parser, machine_info, resolve, write_result
 from loadtest.client import build_prompts
 from model.checkpoint import load_model, load_tokenizer
 from model.data import DEFAULT_DATA_DIR, VALIDATION_PLAYS
+from model.kv_cache import PagedKVCache, StepBatch
 from model.sampling import SamplingParams
 from server.engine import Engine
 
@@ -43,6 +44,29 @@ def workload_prompts(name: str, tokenizer, data_dir: Path, count: int) -> list[l
 def params_for(name: str, max_new_tokens: int, i: int) -> SamplingParams:
     temperature = 0.8 if name == "open-sampled" else 0.0
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=i, ignore_eos=True)
+
+
+def step_costs(model, batches=(1, 8, 32), rows_per_sequence=(1, 2, 3, 5), repeats: int = 10) -> dict:
+    """CPU ms of one forward and its logits over B sequences at context 200 with r query rows each
+    (r - 1 draft tokens): the a + b * N cost model behind speculative.break_even_rate."""
+    cache = PagedKVCache(model.config, max(batches) * 20 + 4, 16)
+    ids = [(7 * i) % (model.config.vocab_size - 1) + 1 for i in range(220)]
+    tables = [list(range(20 * s, 20 * s + 20)) for s in range(max(batches))]
+    for table in tables:
+        model.forward_step(StepBatch.build([(ids[:200], 0, table)], 16), cache)
+    costs = {}
+    for batch in batches:
+        for rows in rows_per_sequence:
+            step = StepBatch.build([(ids[200:200 + rows], 200, tables[s]) for s in range(batch)], 16)
+            times = []
+            for _ in range(repeats):
+                start = time.process_time()
+                model.compute_logits(model.forward_step(step, cache))
+                times.append(time.process_time() - start)
+            costs[f"B={batch} rows={rows}"] = statistics.median(times) * 1e3
+            print(f"step cost: {batch:2d} sequences x {rows} rows: {costs[f'B={batch} rows={rows}']:.2f} ms CPU",
+                  flush=True)
+    return costs
 
 
 def closed_loop(engine: Engine, prompts: list[list[int]], workload: str, concurrency: int, requests: int,
@@ -79,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
+    ap.add_argument("--step-costs", action="store_true", help="also time a step over B sequences x r rows")
     args = ap.parse_args(argv)
     if args.quick:
         args.concurrency, args.rounds, args.max_new_tokens = "1,2", 1, 16
@@ -90,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     engines = {"plain": Engine(model, tokenizer, threads=args.threads, max_num_seqs=64),
                "speculative": Engine(model, tokenizer, threads=args.threads, max_num_seqs=64, speculative="ngram",
                                      num_speculative_tokens=args.num_speculative_tokens)}
+    costs = step_costs(model) if args.step_costs else None
     runs = []
     for workload in args.workloads.split(","):
         prompts = workload_prompts(workload, tokenizer, Path(args.data_dir), 64)
@@ -125,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     write_result("speculative", {"benchmark": "speculative", "machine": machine_info(device, dtype),
                                  "checkpoint": args.checkpoint, "threads": args.threads,
                                  "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
-                                 "num_speculative_tokens": args.num_speculative_tokens, "summary": summary,
+                                 "num_speculative_tokens": args.num_speculative_tokens, "step_costs_cpu_ms": costs,
+                                 "summary": summary,
                                  "runs": runs}, args.out)
     return 0
 
