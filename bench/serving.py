@@ -46,10 +46,11 @@ def wait_for_health(url: str, process: subprocess.Popen, log_path: Path, timeout
 
 @contextmanager
 def running_server(checkpoint: str, device: str, dtype: str, log_path: Path, flags: list[str],
-                   startup_timeout_s: float = 600.0):
-    """Yields the base URL of a server subprocess started with `flags`; stops it on exit."""
+                   startup_timeout_s: float = 600.0, module: str = "server"):
+    """Yields the base URL of a server subprocess (`python -m module`, `server.cluster` for the Ray
+    path) started with `flags`; stops it on exit."""
     port = free_port()
-    command = [sys.executable, "-m", "server", "--checkpoint", checkpoint, "--host", "127.0.0.1",
+    command = [sys.executable, "-m", module, "--checkpoint", checkpoint, "--host", "127.0.0.1",
                "--port", str(port), "--device", device, "--dtype", dtype, *flags]
     env = None
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,8 @@ reports per run (a concurrency level or a request rate, with the KV cache on or 
 - prefix-cache hit rate: prompt tokens the server served from its prefix cache (its
   `details.cached_tokens`) over all prompt tokens of the run's ok requests.
 - `--shared-prefix-tokens N` puts the same N-token passage in front of every prompt: the workload
-  where prefix caching pays (a system prompt, a few-shot header, a shared document).
+  where prefix caching pays (a system prompt, a few-shot header, a shared document). `--tenants K`
+  makes K such passages and gives each prompt one at random (K tenants' system prompts).
 - ITL by token index: the mean gap before output token i+1, over the requests that reached it;
   uncached, every step recomputes the whole sequence so this grows with i; cached, it stays flat.
 
@@ -325,10 +326,12 @@ async def run_load_test(config: LoadTestConfig, prompts: list[str],
 
 
 def load_prompts(count: int, prompt_tokens: int, prompts_file: str | None, tokenizer_dir: str | None,
-                 seed: int = 0, shared_prefix_tokens: int = 0) -> tuple[list[str], dict]:
+                 seed: int = 0, shared_prefix_tokens: int = 0, tenants: int = 0) -> tuple[list[str], dict]:
     """Prompts and a note on where they came from (and their token counts, when a tokenizer is known).
     With `shared_prefix_tokens`, one passage of that many tokens (ending at a line break, so it
-    tokenizes the same in front of any prompt) comes first in every prompt."""
+    tokenizes the same in front of any prompt) comes first in every prompt. With `tenants` K, there are
+    K such passages (256 tokens unless `shared_prefix_tokens` says), and each prompt gets one drawn at
+    random: K tenants' system prompts, the workload that KV-aware routing across replicas is for."""
     from model.checkpoint import DEFAULT_CHECKPOINT, load_tokenizer
 
     tokenizer_path = Path(tokenizer_dir) if tokenizer_dir else DEFAULT_CHECKPOINT
@@ -339,11 +342,17 @@ def load_prompts(count: int, prompt_tokens: int, prompts_file: str | None, token
         texts = default_corpus()
         prompts = build_prompts(texts, count, prompt_tokens, tokenizer, seed)
         source = "built-in passage" if texts == [BUILTIN_PASSAGE] else str(DEFAULT_DATA_DIR)
-    if shared_prefix_tokens:
+    if tenants:
+        shared_prefix_tokens = shared_prefix_tokens or 256
+        prefixes = [p + "\n" for p in build_prompts(default_corpus(), tenants, shared_prefix_tokens - 1, tokenizer,
+                                                     seed=10**6 + 1)]
+        rng = random.Random(seed + 7)
+        prompts = [rng.choice(prefixes) + p for p in prompts]
+    elif shared_prefix_tokens:
         prefix = build_prompts(default_corpus(), 1, shared_prefix_tokens - 1, tokenizer, seed=10**6)[0] + "\n"
         prompts = [prefix + p for p in prompts]
     note = {"source": source, "count": len(prompts), "tokenizer": str(tokenizer_path) if tokenizer else None,
-            "shared_prefix_tokens": shared_prefix_tokens}
+            "shared_prefix_tokens": shared_prefix_tokens, "tenants": tenants}
     if tokenizer is not None:
         lengths = [len(tokenizer.encode(p)) for p in prompts]
         note.update(tokens_min=min(lengths), tokens_max=max(lengths), tokens_mean=sum(lengths) / len(lengths))
@@ -381,6 +390,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cache.add_argument("--no-cache", action="store_true", help="send use_cache=false (--cache-modes off)")
     ap.add_argument("--shared-prefix-tokens", type=int, default=0,
                     help="the same passage of this many tokens in front of every prompt")
+    ap.add_argument("--tenants", type=int, default=0,
+                    help="K shared prefixes (--shared-prefix-tokens each, 256 by default), one drawn per prompt: "
+                         "the workload for KV-aware routing over replicas (python -m server.cluster)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--plot-dir", default=None)
@@ -423,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     console = Console(stderr=True)
     prompts, prompt_note = load_prompts(args.num_prompts, args.prompt_tokens, args.prompts_file, args.tokenizer,
-                                        args.seed, args.shared_prefix_tokens)
+                                        args.seed, args.shared_prefix_tokens, args.tenants)
     try:
         with progress_bar(console, disabled=args.quiet) as (on_run_start, on_done):
             report = asyncio.run(asyncio.wait_for(run_load_test(config, prompts, on_run_start, on_done),

@@ -20,7 +20,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server.engine import Engine
+from server.api.engine_client import EngineClient
 from server.api.errors import is_openai_path
 from server.api.kv_routes import router as kv_router
 from server.api.metrics import Metrics
@@ -37,9 +37,12 @@ log = logging.getLogger("kvserve.app")
 
 
 class AppState:
-    def __init__(self, model_name: str, limits: Limits, shutdown_grace: float) -> None:
+    def __init__(self, model_name: str, limits: Limits, shutdown_grace: float,
+                 health: Callable[[], dict] | None = None, extra_metrics: Callable[[], str] | None = None) -> None:
         self.model_name, self.limits, self.shutdown_grace = model_name, limits, shutdown_grace
-        self.engine: Engine | None = None  # set once loaded and warm
+        self.health = health or dict  # more fields for /health's answer
+        self.extra_metrics = extra_metrics or str  # more text for /metrics
+        self.engine: EngineClient | None = None  # set once loaded and warm
         self.load_error: str | None = None
         self.shutting_down = False
         self.created = int(time.time())
@@ -47,7 +50,7 @@ class AppState:
 
     def begin_shutdown(self) -> None:
         """From now on /health and new requests answer 503; requests in flight get `shutdown_grace`
-        seconds to finish, then end with an error event of type 'shutdown' (`Engine.drain`)."""
+        seconds to finish, then end with an error event of type 'shutdown' (`EngineClient.drain`)."""
         if self.shutting_down:
             return
         self.shutting_down = True
@@ -56,13 +59,13 @@ class AppState:
             threading.Thread(target=self.engine.drain, args=(self.shutdown_grace,), name="kvserve-drain",
                              daemon=True).start()
 
-    def ready_engine(self) -> Engine:
+    def ready_engine(self) -> EngineClient:
         if self.engine is None:
             message = f"the model failed to load: {self.load_error}" if self.load_error else "the model is loading"
             raise APIError(503, message, "unavailable", headers={"Retry-After": "5"})
         return self.engine
 
-    def load(self, load_engine: Callable[[], Engine], warmup: bool) -> None:
+    def load(self, load_engine: Callable[[], EngineClient], warmup: bool) -> None:
         try:
             engine = load_engine().start()
             if warmup:
@@ -99,13 +102,16 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts)
 
 
-def create_app(load_engine: Callable[[], Engine], *, model_name: str = "model", warmup: bool = True,
+def create_app(load_engine: Callable[[], EngineClient], *, model_name: str = "model", warmup: bool = True,
                limits: Limits = Limits(), api_key: str | None = None, cors_origins: Sequence[str] = (),
-               shutdown_grace: float = 30.0) -> FastAPI:
-    """An app serving the engine that `load_engine` returns (called once, in a background thread).
+               shutdown_grace: float = 30.0, health: Callable[[], dict] | None = None,
+               extra_metrics: Callable[[], str] | None = None) -> FastAPI:
+    """An app serving the engine that `load_engine` returns (called once, in a background thread): the
+    local Engine, or the cluster's RayEngineClient (server/api/engine_client.py).
     With `api_key`, every route but /health and the playground page needs it as a Bearer token.
-    `cors_origins`: browser origins allowed to call the API (none by default)."""
-    state = AppState(model_name, limits, shutdown_grace)
+    `cors_origins`: browser origins allowed to call the API (none by default). `health` adds its fields
+    to /health's answer and `extra_metrics` its text to /metrics (the cluster's replicas and router)."""
+    state = AppState(model_name, limits, shutdown_grace, health, extra_metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -151,24 +157,24 @@ def create_app(load_engine: Callable[[], Engine], *, model_name: str = "model", 
         state.ready_engine()
         if state.shutting_down:
             raise APIError(503, "the server is shutting down", "unavailable")
-        return {"status": "ok"}
+        return {"status": "ok", **state.health()}
 
     @app.get("/metrics")
     async def metrics():
-        return Response(state.metrics.render(), media_type=Metrics.CONTENT_TYPE)
+        return Response(state.metrics.render() + state.extra_metrics().encode(), media_type=Metrics.CONTENT_TYPE)
 
     @app.get("/info")
     async def info():
         engine = state.ready_engine()
-        dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
+        about = engine.info
         max_input = min(engine.context_length - 1, limits.max_input_tokens or engine.context_length)
-        return {"model_id": model_name, "model_dtype": dtype, "model_device_type": engine.device.type,
+        return {"model_id": model_name, "model_dtype": about.model_dtype, "model_device_type": about.device_type,
                 "max_input_tokens": max_input, "max_total_tokens": engine.context_length,
                 "max_new_tokens": limits.max_new_tokens, "max_stop_sequences": limits.max_stop_sequences,
                 "max_batch_size": engine.config.max_num_seqs, "max_waiting_requests": engine.config.max_waiting,
-                "max_batch_total_tokens": engine.blocks.num_blocks * engine.blocks.block_size,
-                "block_size": engine.blocks.block_size, "prefix_caching": engine.config.enable_prefix_caching,
-                "kernels": engine.model.kernels,
+                "max_batch_total_tokens": about.num_blocks * about.block_size,
+                "block_size": about.block_size, "prefix_caching": engine.config.enable_prefix_caching,
+                "kernels": about.kernels,
                 "request_timeout_s": limits.request_timeout, "router": "kvserve"}
 
     @app.post("/generate")

@@ -29,8 +29,15 @@ KEEP_ALIVE_S = 15.0  # a comment line when nothing changed for this long, so pro
 router = APIRouter()
 
 
+def _check_in_process(engine: Engine) -> None:
+    if not engine.info.in_process:
+        raise APIError(422, "the KV-cache view needs the engine in this process (python -m server), not behind "
+                       "the cluster's ingress", "validation")
+
+
 async def take_snapshot(engine: Engine) -> KVSnapshot:
     """One snapshot, taken between two steps; 503 once the engine has stopped."""
+    _check_in_process(engine)
     try:
         future = engine.run_between_steps(lambda: kv_snapshot(engine.blocks, engine.scheduler))
         return await asyncio.wrap_future(future)
@@ -89,6 +96,7 @@ class KVWatch:
 def _watch(request: Request) -> KVWatch:
     state = request.app.state.kvserve
     engine = state.ready_engine()
+    _check_in_process(engine)
     watch = getattr(request.app.state, "kv_watch", None)
     if watch is None or watch.engine is not engine:
         watch = request.app.state.kv_watch = KVWatch(engine, lambda: state.shutting_down)

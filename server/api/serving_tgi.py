@@ -88,6 +88,9 @@ async def tgi_generate(request: Request, body: GenerateRequest, engine: Engine, 
     limits.check_prompt(len(prompt_ids))
     params = tgi_sampling_params(p, len(prompt_ids), engine, limits)
     best_of = p.best_of or 1
+    if p.return_attention and not engine.info.in_process:
+        raise APIError(422, "parameters.return_attention needs the model in this process (python -m server), "
+                       "not behind the cluster's ingress", "validation")
     if stream and best_of > 1:
         raise APIError(422, "parameters.best_of > 1 cannot be streamed, as in TGI", "validation")
     gen = Generation(engine, metrics, [prompt_ids], copies_of(params, best_of), p.use_cache,

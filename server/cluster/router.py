@@ -44,6 +44,7 @@ class ReplicaReport:
     preemptions: int = 0  # since it started
     kv_cache_usage: float = 0.0  # fraction of blocks held (0..1)
     pid: int = 0  # its process
+    kernels: str = ""  # the kernels its model runs (exact or stock)
 
     def to_stats(self) -> dict:
         """As Ray Serve's routing_stats: builtins only, so Serve's controller, which relays them, needs

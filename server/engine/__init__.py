@@ -3,12 +3,13 @@ cache (`block_manager`), the schedule (`scheduler`), the step's preallocated inp
 its forward (`model_runner`), the pick (`sampler`), prompt logprobs (`prompt_scoring`), output
 processing (`output_processor`), where events go (`sinks`), and the engine thread that runs
 schedule -> execute -> update (`engine`). No HTTP code here."""
-from server.engine.config import EngineConfig
+from server.engine.config import EngineConfig, EngineInfo
 from server.engine.engine import Engine, EngineArgs, EngineStoppedError
 from server.engine.request import (FINISH_ABORT, FINISH_EOS, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, Request,
                                    RequestStats, TokenOutput)
 from server.engine.scheduler import QueueFullError
 from server.engine.sinks import AsyncSink
 
-__all__ = ["AsyncSink", "Engine", "EngineArgs", "EngineConfig", "EngineStoppedError", "FINISH_ABORT", "FINISH_EOS",
-           "FINISH_ERROR", "FINISH_LENGTH", "FINISH_STOP", "QueueFullError", "Request", "RequestStats", "TokenOutput"]
+__all__ = ["AsyncSink", "Engine", "EngineArgs", "EngineConfig", "EngineInfo", "EngineStoppedError", "FINISH_ABORT",
+           "FINISH_EOS", "FINISH_ERROR", "FINISH_LENGTH", "FINISH_STOP", "QueueFullError", "Request", "RequestStats",
+           "TokenOutput"]

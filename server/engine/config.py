@@ -35,3 +35,16 @@ class EngineConfig:
                              f"and {self.prompt_lookup_max}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an engine, or a set of replicas behind one client, tells /info about itself."""
+
+    model_dtype: str  # e.g. float32
+    device_type: str  # cpu or cuda
+    kernels: str  # exact or stock (what the model runs, resolved from the config's 'auto')
+    num_blocks: int  # KV-cache blocks (of one replica, behind the cluster)
+    block_size: int  # tokens per block
+    config: EngineConfig  # the settings it runs under
+    in_process: bool = True  # the model and block pool live in this process (attention weights, the /kv view)

@@ -32,7 +32,7 @@ from model.kv_cache import PagedKVCache
 from model.sampling import SamplingParams
 from model.tokenizer import Tokenizer
 from server.engine.block_manager import BlockManager
-from server.engine.config import EngineConfig
+from server.engine.config import EngineConfig, EngineInfo
 from server.engine.model_runner import ModelRunner, StepResult
 from server.engine.output_processor import OutputProcessor
 from server.engine.request import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, Request, Sink, TokenOutput
@@ -138,6 +138,16 @@ class Engine:
                        spec_decode_num_accepted_tokens=d.num_accepted_tokens,
                        spec_decode_num_accepted_tokens_per_pos=list(d.accepted_per_position))
         return out
+
+    @property
+    def info(self) -> EngineInfo:
+        return EngineInfo(str(self.model.dtype).removeprefix("torch."), self.device.type, self.model.kernels,
+                          self.blocks.num_blocks, self.blocks.block_size, self.config)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the engine thread runs (a replica's health check)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, *, use_cache: bool = True,
                request_id: str | None = None, cache_salt: str | None = None, speculative: bool = True) -> str:

@@ -205,3 +205,11 @@ def test_unreachable_server_is_reported_not_retried(tiny_checkpoint):
         port = s.getsockname()[1]  # nothing listens here once the socket is closed
     assert main(["--url", f"http://127.0.0.1:{port}", "--num-requests", "1", "--quiet",
                  "--tokenizer", str(tiny_checkpoint)]) == 2
+
+
+def test_tenants_give_each_prompt_one_of_k_shared_prefixes(tiny_checkpoint):
+    from loadtest.client import load_prompts
+    prompts, note = load_prompts(24, 8, None, str(tiny_checkpoint), tenants=3, shared_prefix_tokens=30)
+    heads = {p.split("\n", 1)[0] for p in prompts}
+    assert len(heads) == 3 and note["tenants"] == 3, heads
+    assert all(any(p.startswith(h + "\n") for h in heads) for p in prompts)

@@ -1,0 +1,60 @@
+"""What the HTTP layer needs of an engine, and nothing more. Two implementations: the local `Engine`
+(`python -m server`) and the cluster's `RayEngineClient` (`python -m server.cluster`), which carries the
+same calls to engine replicas on Ray Serve."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from model.config import GPTConfig
+from model.sampling import SamplingParams
+from model.tokenizer import Tokenizer
+from server.engine import EngineConfig, EngineInfo, TokenOutput
+
+Sink = Callable[[TokenOutput], None]
+
+
+class EngineClient(Protocol):
+    tokenizer: Tokenizer
+    model_config: GPTConfig
+    config: EngineConfig
+
+    @property
+    def context_length(self) -> int: ...
+
+    @property
+    def info(self) -> EngineInfo: ...
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, *, use_cache: bool = True,
+               request_id: str | None = None, cache_salt: str | None = None, speculative: bool = True) -> str:
+        """Queues a request; its events go to `sink`, the last with finish_reason set. Raises PromptError,
+        QueueFullError or EngineStoppedError at once."""
+
+    def submit_copies(self, prompt_ids: list[int], params: list[SamplingParams], sinks: list[Sink], *,
+                      use_cache: bool = True, cache_salt: str | None = None, speculative: bool = True) -> list[str]:
+        """Several requests for one prompt (n, best_of), all or none."""
+
+    def abort(self, request_id: str) -> None:
+        """Cancels a request; it ends with an 'abort' event."""
+
+    # the gauges and counters of /metrics
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def kv_cache_usage(self) -> float: ...
+
+    def counters(self) -> dict[str, float | list[int]]:
+        """Running totals by vLLM's names (prefix_cache_queries, prefix_cache_hits, num_preemptions...)."""
+
+    # the app's life cycle
+    def start(self) -> "EngineClient": ...
+
+    def warmup(self) -> None: ...
+
+    def drain(self, grace: float) -> None: ...
+
+    def shutdown(self, timeout: float = 30.0) -> None: ...

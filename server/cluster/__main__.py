@@ -1,0 +1,117 @@
+"""`python -m server.cluster`: the checkpoint served by N engine replicas on Ray Serve, behind the same
+HTTP API as `python -m server`. Starts a local Ray (`ray.init`) or joins the cluster at $RAY_ADDRESS.
+
+    python -m server.cluster --checkpoint DIR --replicas N --port P [--router kv|pow2|round-robin]
+                             [--min-replicas A --max-replicas B --target-ongoing-requests T]
+                             [every engine and limit flag of `python -m server`, applied to each replica]
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from server.__main__ import _at_least
+from server.__main__ import parse_args as parse_server_args
+
+POLICIES = ("kv", "pow2", "round-robin")
+
+
+def cluster_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m server.cluster", add_help=False,
+                                 description="Serve a checkpoint from replicas on Ray Serve (engine and limit flags "
+                                             "as `python -m server --help` lists them, per replica).")
+    ap.add_argument("--help", "-h", action="store_true")
+    ap.add_argument("--replicas", type=_at_least(int, 0), default=2, help="engine replicas (the initial number "
+                    "with autoscaling)")
+    ap.add_argument("--router", choices=POLICIES, default="kv",
+                    help="kv: the replica holding the longest cached prefix, unless too loaded; pow2: Ray Serve's "
+                         "power of two choices; round-robin")
+    ap.add_argument("--imbalance-threshold", type=_at_least(int, 0, strict=False), default=4,
+                    help="kv: requests of load gap past which the least loaded replica wins")
+    ap.add_argument("--replica-cpus", type=_at_least(float, 0), default=1.0, help="Ray CPUs reserved per replica")
+    ap.add_argument("--min-replicas", type=_at_least(int, 0, strict=False), default=None,
+                    help="autoscaling: fewest replicas (needs --max-replicas)")
+    ap.add_argument("--max-replicas", type=_at_least(int, 0), default=None,
+                    help="autoscaling: most replicas; set, Serve scales on ongoing requests per replica")
+    ap.add_argument("--target-ongoing-requests", type=_at_least(float, 0), default=8.0,
+                    help="autoscaling: the ongoing requests per replica Serve aims for")
+    ap.add_argument("--ray-num-cpus", type=_at_least(int, 0), default=None,
+                    help="CPUs of the local Ray started when $RAY_ADDRESS is unset (default: all)")
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = cluster_parser()
+    ours, rest = ap.parse_known_args(argv)
+    if ours.help:
+        ap.print_help()
+        print("\nengine, limit and HTTP flags (per replica):")
+        parse_server_args(["--help"])
+    args = parse_server_args(rest)
+    for key, value in vars(ours).items():
+        setattr(args, key, value)
+    if args.min_replicas is not None and args.max_replicas is None:
+        ap.error("--min-replicas needs --max-replicas")
+    return args
+
+
+def settings_from(args: argparse.Namespace):
+    from server.api.serving import Limits
+    from server.cluster.app import ClusterSettings
+    from server.engine.config import EngineConfig
+    config = EngineConfig(max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
+                          max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+                          kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.prefix_caching,
+                          threads=args.threads or max(1, int(args.replica_cpus)), kernels=args.kernels)  # per replica
+    limits = Limits(max_body_bytes=args.max_body_bytes, max_input_tokens=args.max_input_tokens,
+                    max_new_tokens=args.max_new_tokens, max_stop_sequences=args.max_stop_sequences,
+                    max_stop_length=args.max_stop_length, request_timeout=args.request_timeout, max_n=args.max_n,
+                    max_best_of=args.max_best_of, max_logprobs=min(args.max_logprobs, 20), max_prompts=args.max_prompts)
+    device = "cpu" if args.device == "auto" else args.device
+    return ClusterSettings(checkpoint=Path(args.checkpoint).resolve(), replicas=args.replicas, router=args.router,
+                           imbalance_threshold=args.imbalance_threshold, engine=config, device=device,
+                           dtype=args.dtype, replica_cpus=args.replica_cpus, min_replicas=args.min_replicas,
+                           max_replicas=args.max_replicas, target_ongoing_requests=args.target_ongoing_requests,
+                           limits=limits, api_key=args.api_key, cors_origins=tuple(args.cors_origin))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (args.checkpoint / f).is_file()]
+    if missing:
+        print(f"error: {args.checkpoint} is not a complete checkpoint (missing {', '.join(missing)})", file=sys.stderr)
+        return 2
+    try:
+        settings = settings_from(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    import ray
+    from ray import serve
+
+    from server.cluster.app import build_app
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"])
+    else:
+        ray.init(num_cpus=args.ray_num_cpus, include_dashboard=False)
+    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.run(build_app(settings), name="kvserve", route_prefix="/")
+    logging.getLogger("kvserve.cluster").info("serving on http://%s:%d with %d replica(s), router %s", args.host,
+                                              args.port, settings.replicas, settings.router)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    serve.shutdown()
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The Ray Serve application: `EngineReplica` replicas behind an ingress that serves the HTTP API of
+`python -m server` (the same `server/api/` app, over a `RayEngineClient`).
+
+`build_app(settings)` returns the bound application for `serve.run`; `app_builder(args)` is the entry a
+Serve config file names (`import_path: server.cluster.app:app_builder`).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ray import serve
+from ray.serve.config import AutoscalingConfig, RequestRouterConfig
+
+from server.api.serving import Limits
+from server.cluster.client import RayEngineClient
+from server.cluster.metrics import cluster_metrics
+from server.cluster.ray_router import KVCacheRequestRouter
+from server.cluster.router import ROUTERS
+from server.cluster.replica import EngineReplica
+from server.engine import EngineArgs, EngineConfig
+
+REPLICA_DEPLOYMENT = "EngineReplica"
+ROUTING_STATS_PERIOD_S = 0.5  # how often Serve polls each replica's report for the router
+
+
+@dataclass
+class ClusterSettings:
+    """What `python -m server.cluster` (or a Serve config's `args`) deploys."""
+
+    checkpoint: Path  # the checkpoint every replica loads
+    replicas: int = 2  # fixed number of replicas (without autoscaling)
+    router: str = "kv"  # kv, pow2 (Ray's own) or round-robin
+    imbalance_threshold: int = 4  # kv: requests of load gap past which the least loaded replica wins
+    engine: EngineConfig = field(default_factory=EngineConfig)  # per replica (--kv-cache-memory is per replica)
+    device: str = "cpu"
+    dtype: str = "float32"
+    replica_cpus: float = 1.0  # Ray CPUs reserved per replica
+    min_replicas: int | None = None  # with max_replicas: autoscaling between them
+    max_replicas: int | None = None
+    target_ongoing_requests: float = 8.0  # autoscaling's target per replica
+    limits: Limits = field(default_factory=Limits)
+    api_key: str | None = None
+    cors_origins: tuple[str, ...] = ()
+    warmup: bool = True
+    model_name: str | None = None  # the served name; default: the checkpoint's folder name
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.max_replicas is not None
+
+
+def replica_options(s: ClusterSettings) -> dict:
+    """The replica deployment's Serve options: replicas or autoscaling, the router, resources."""
+    opts: dict = {"ray_actor_options": {"num_cpus": s.replica_cpus},
+                  # the engine queues and refuses (429) on its own; Serve only stops a replica from being
+                  # offered far more than it can hold
+                  "max_ongoing_requests": s.engine.max_num_seqs + s.engine.max_waiting,
+                  "health_check_period_s": 2.0, "health_check_timeout_s": 30.0}
+    if s.autoscaling:
+        opts["autoscaling_config"] = AutoscalingConfig(
+            min_replicas=s.min_replicas if s.min_replicas is not None else 1, max_replicas=s.max_replicas,
+            initial_replicas=s.replicas, target_ongoing_requests=s.target_ongoing_requests)
+    else:
+        opts["num_replicas"] = s.replicas
+    if s.router != "pow2":  # pow2 is Ray Serve's default router
+        opts["request_router_config"] = RequestRouterConfig(
+            request_router_class=KVCacheRequestRouter,
+            request_router_kwargs={"policy": s.router, "block_size": s.engine.block_size,
+                                   "imbalance_threshold": s.imbalance_threshold},
+            request_routing_stats_period_s=ROUTING_STATS_PERIOD_S, request_routing_stats_timeout_s=5.0)
+    return opts
+
+
+@serve.ingress()
+class Ingress:
+    """The HTTP API over the replicas."""
+
+    def __init__(self, replicas, settings: ClusterSettings) -> None:
+        self.settings = settings
+        self.client = RayEngineClient(replicas, engine_args_of(settings), lambda: ROUTERS.get(REPLICA_DEPLOYMENT))
+        self.app_name = serve.get_replica_context().app_name
+        self._ready = (0.0, 0)  # (when read, replicas running)
+
+    def ready_replicas(self) -> int:
+        """Replicas of the engine deployment that Serve reports running (read at most once a second)."""
+        when, count = self._ready
+        if time.monotonic() - when > 1.0:
+            app = serve.status().applications.get(self.app_name)
+            dep = app.deployments.get(REPLICA_DEPLOYMENT) if app is not None else None
+            count = dep.replica_states.get("RUNNING", 0) if dep is not None else 0
+            self._ready = (time.monotonic(), count)
+        return count
+
+    def __serve_build_asgi_app__(self):
+        from server.api.app import create_app
+        s = self.settings
+        return create_app(lambda: self.client, model_name=s.model_name or Path(s.checkpoint).name, warmup=s.warmup,
+                          limits=s.limits, api_key=s.api_key, cors_origins=s.cors_origins,
+                          health=lambda: {"replicas_ready": self.ready_replicas(),
+                                          "replicas_wanted": s.max_replicas or s.replicas},
+                          extra_metrics=lambda: cluster_metrics(self.client, ROUTERS.get(REPLICA_DEPLOYMENT)))
+
+
+def engine_args_of(s: ClusterSettings) -> EngineArgs:
+    return EngineArgs(checkpoint=Path(s.checkpoint), device=s.device, dtype=s.dtype, config=s.engine)
+
+
+def build_app(s: ClusterSettings):
+    engine_args = engine_args_of(s)
+    replica = serve.deployment(EngineReplica, name=REPLICA_DEPLOYMENT, **replica_options(s))
+    ingress = serve.deployment(Ingress, name="Ingress", num_replicas=1, ray_actor_options={"num_cpus": 0},
+                               max_ongoing_requests=10_000)
+    return ingress.bind(replica.bind(engine_args, s.warmup), s)
+
+
+def app_builder(args: dict):
+    """For `serve run` / `serve deploy` config files: `args` are `python -m server.cluster`'s flags by
+    their long names (`checkpoint`, `replicas`, `router`, `kv_cache_memory`...)."""
+    from server.cluster.__main__ import parse_args, settings_from
+    argv = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        argv += [flag] if value is True else [] if value is False else [flag, str(value)]
+    return build_app(settings_from(parse_args(argv)))
+

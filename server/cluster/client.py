@@ -1,0 +1,217 @@
+"""The ingress's engine client: what `server/api/` asks of an engine (submit, submit_copies, abort, the
+tokenizer and the model's config), carried out by the replicas through a Ray Serve deployment handle.
+
+Each submitted prompt is one streaming call to a replica, chosen by the request router
+(`ray_router.py`). Its batches of events are handed to the request's sink as they come. Faults:
+- a call that fails before its first event (the replica died before it started the request) is sent
+  again, up to `RETRIES` times, and the router places it on a live replica;
+- a call that fails later ends each of its requests with an error event, never a hang;
+- `abort` cancels the call: Ray cancels the replica's generator, which aborts the engine request, and
+  the request ends here with an 'abort' event at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from model.checkpoint import load_tokenizer
+from model.config import GPTConfig
+from model.generate import check_prompt
+from model.sampling import SamplingParams
+from server.cluster.protocol import Submission
+from server.cluster.router import ReplicaReport, Router
+from server.engine import FINISH_ABORT, FINISH_ERROR, AsyncSink, EngineArgs, EngineInfo, TokenOutput
+
+log = logging.getLogger("kvserve.cluster")
+
+RETRIES = 2  # times a call that failed before its first event is sent again
+RETRY_BACKOFF_S = 0.5  # seconds before the first retry, doubled each time
+
+
+class RayEngineClient:
+    def __init__(self, handle, engine_args: EngineArgs, router: Callable[[], Router | None]) -> None:
+        """`handle`: the replicas' DeploymentHandle; `engine_args`: what each replica runs; `router`: this
+        process's router once Ray Serve made it."""
+        self.handle = handle.options(stream=True, method_name="generate")
+        self.engine_args = engine_args
+        self.tokenizer = load_tokenizer(engine_args.checkpoint)
+        self.model_config = GPTConfig.load(Path(engine_args.checkpoint) / "config.json")
+        self.config = engine_args.config
+        self._router = router
+        self._calls: dict[str, asyncio.Task] = {}  # request id -> the call carrying it (copies share one)
+
+    @property
+    def context_length(self) -> int:
+        return self.model_config.n_positions
+
+    @property
+    def info(self) -> EngineInfo:
+        """One replica's figures (from its reports; the config's until the first arrives)."""
+        reports = self.reports()
+        num_blocks = reports[0].num_blocks if reports else (self.config.num_blocks or 0)
+        kernels = reports[0].kernels if reports else self.config.kernels
+        return EngineInfo(self.engine_args.dtype, self.engine_args.device.split(":")[0], kernels, num_blocks,
+                          self.config.block_size, self.config, in_process=False)
+
+    # ---- what the api layer calls -----------------------------------------------------------------
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[TokenOutput], None], *,
+               use_cache: bool = True, request_id: str | None = None, cache_salt: str | None = None,
+               speculative: bool = True) -> str:
+        check_prompt(prompt_ids, params.max_new_tokens, self.context_length, self.model_config.vocab_size)
+        rid = request_id or f"cl-{uuid.uuid4().hex}"
+        self._start(Submission([rid], list(prompt_ids), [params], use_cache, cache_salt, speculative), [sink])
+        return rid
+
+    def submit_copies(self, prompt_ids: list[int], params: list[SamplingParams], sinks: list,
+                      *, use_cache: bool = True, cache_salt: str | None = None, speculative: bool = True) -> list[str]:
+        for p in params:
+            check_prompt(prompt_ids, p.max_new_tokens, self.context_length, self.model_config.vocab_size)
+        base = uuid.uuid4().hex
+        ids = [f"cl-{base}-{k}" for k in range(len(params))]
+        self._start(Submission(ids, list(prompt_ids), list(params), use_cache, cache_salt, speculative), sinks)
+        return ids
+
+    def abort(self, request_id: str) -> None:
+        call = self._calls.get(request_id)
+        if call is not None:
+            call.cancel()
+
+    # ---- the replicas' state, summed (the engine's gauges in /metrics) ------------------------------
+
+    def reports(self) -> list[ReplicaReport]:
+        router = self._router()
+        if router is None:
+            return []
+        return [s.last_report for s in router.replicas.values() if s.last_report is not None]
+
+    @property
+    def num_running(self) -> int:
+        return sum(r.running for r in self.reports())
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(r.waiting for r in self.reports())
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Blocks held over blocks, all replicas together."""
+        reports = self.reports()
+        total = sum(r.num_blocks for r in reports)
+        return sum(r.kv_cache_usage * r.num_blocks for r in reports) / total if total else 0.0
+
+    def counters(self) -> dict[str, float]:
+        """The engine's running totals for /metrics, summed over the replicas' last reports."""
+        reports = self.reports()
+        return {"prefix_cache_queries": sum(r.prefix_cache_queries for r in reports),
+                "prefix_cache_hits": sum(r.prefix_cache_hits for r in reports),
+                "num_preemptions": sum(r.preemptions for r in reports)}
+
+    # ---- life cycle (the app's) ---------------------------------------------------------------------
+
+    def start(self) -> "RayEngineClient":
+        return self
+
+    def warmup(self) -> None:
+        """One short request through the handle, from a thread outside the event loop: the request
+        router is created and the path is warm."""
+        params = SamplingParams(max_new_tokens=2, temperature=0)
+        sub = Submission([f"warmup-{uuid.uuid4().hex}"], (self.tokenizer.encode("Hello") or [0])[:8], [params], True,
+                         "warmup")
+        for _ in self.handle.remote(sub):
+            pass
+
+    def drain(self, grace: float) -> None:
+        """Requests in flight get `grace` seconds (the replicas' own drain runs when Serve stops them)."""
+        deadline = time.monotonic() + grace
+        while self._calls and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        for call in list(self._calls.values()):
+            call.get_loop().call_soon_threadsafe(call.cancel)
+
+    # ---- one call -----------------------------------------------------------------------------------
+
+    def _start(self, sub: Submission, sinks: list) -> None:
+        call = asyncio.get_running_loop().create_task(self._relay(sub, dict(zip(sub.request_ids, sinks))))
+        for rid in sub.request_ids:
+            self._calls[rid] = call
+
+    async def _relay(self, sub: Submission, sinks: dict) -> None:
+        open_ids = set(sub.request_ids)
+        try:
+            for attempt in range(RETRIES + 1):
+                started = False
+                try:
+                    async for batch in self.handle.remote(sub):
+                        started = True
+                        for out in batch:
+                            _deliver(sinks[out.request_id], out)
+                            if out.finished:
+                                open_ids.discard(out.request_id)
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - every failure reaches the client as an event
+                    if not started and attempt < RETRIES and _replica_gone(e):
+                        log.warning("replica gone before request %s started (%s); retrying", sub.request_ids[0],
+                                    type(e).__name__)
+                        await asyncio.sleep(RETRY_BACKOFF_S * 2**attempt)
+                        continue
+                    log.warning("request %s failed on its replica: %s", sub.request_ids[0], e)
+                    for rid in list(open_ids):
+                        _deliver(sinks[rid], _end(rid, FINISH_ERROR, _message(e), _error_type(e)))
+                    open_ids.clear()
+                    return
+        except asyncio.CancelledError:
+            for rid in list(open_ids):
+                _deliver(sinks[rid], _end(rid, FINISH_ABORT))
+            open_ids.clear()
+        finally:
+            for rid in sub.request_ids:
+                self._calls.pop(rid, None)
+
+
+def _deliver(sink, out: TokenOutput) -> None:
+    if isinstance(sink, AsyncSink):  # on its loop already
+        sink.events.put_nowait(out)
+    else:
+        sink(out)
+
+
+def _end(request_id: str, reason: str, error: str | None = None, error_type: str | None = None) -> TokenOutput:
+    return TokenOutput(request_id, 0, None, "", 0.0, False, reason, error=error, error_type=error_type)
+
+
+def _cause(e: BaseException) -> BaseException:
+    """The replica's own exception inside Ray's wrapper, when it crossed."""
+    return getattr(e, "cause", None) or e
+
+
+def _replica_gone(e: BaseException) -> bool:
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    return isinstance(e, (ActorDiedError, ActorUnavailableError, RayActorError))
+
+
+def _message(e: BaseException) -> str:
+    if _replica_gone(e):
+        return "the replica serving this request died"
+    cause = _cause(e)
+    return f"{type(cause).__name__}: {cause}"
+
+
+def _error_type(e: BaseException) -> str:
+    from server.engine import EngineStoppedError, QueueFullError
+    cause = _cause(e)
+    if isinstance(cause, EngineStoppedError):
+        return "shutdown"
+    if isinstance(cause, QueueFullError):
+        return "overloaded"
+    return "generation"
+
+

@@ -1,0 +1,36 @@
+"""The ingress's /metrics beyond the summed `kvserve:*` (which the app's own Metrics carries, bound to the
+client's sums): each replica's gauges labelled by replica, and the router's decisions."""
+from __future__ import annotations
+
+from server.api.metrics import PREFIX
+from server.cluster.client import RayEngineClient
+from server.cluster.router import Router
+
+PER_REPLICA = [  # (name, help, type, field of ReplicaReport)
+    ("replica_num_requests_running", "Requests holding KV-cache blocks, by replica.", "gauge", "running"),
+    ("replica_num_requests_waiting", "Requests queued, by replica.", "gauge", "waiting"),
+    ("replica_kv_cache_usage_perc", "Fraction of KV-cache blocks held, by replica.", "gauge", "kv_cache_usage"),
+    ("replica_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache, by replica.", "counter",
+     "prefix_cache_queries"),
+    ("replica_prefix_cache_hits_total", "Prompt tokens served from the prefix cache, by replica.", "counter",
+     "prefix_cache_hits"),
+    ("replica_cached_blocks", "Full blocks the replica's prefix cache holds (its last report).", "gauge", None),
+    ("replica_pid", "The replica's process id.", "gauge", "pid"),
+]
+
+
+def cluster_metrics(client: RayEngineClient, router: Router | None) -> str:
+    lines = []
+    reports = client.reports()
+    for name, doc, kind, attr in PER_REPLICA:
+        lines += [f"# HELP {PREFIX}{name} {doc}", f"# TYPE {PREFIX}{name} {kind}"]
+        for r in reports:
+            value = len(r.held_keys) if attr is None else getattr(r, attr)
+            lines.append(f'{PREFIX}{name}{{replica="{r.replica_id}"}} {float(value)}')
+    name = PREFIX + "router_decisions_total"
+    lines += [f"# HELP {name} Requests routed, by policy and outcome (hit: a cached prefix chose the replica; "
+              "miss: none was cached; fallback: the load imbalance chose the least loaded; redirect: Ray sent it "
+              "elsewhere; baseline: pow2 or round-robin).", f"# TYPE {name} counter"]
+    for (policy, outcome), count in sorted((router.decisions if router else {}).items()):
+        lines.append(f'{name}{{policy="{policy}",outcome="{outcome}"}} {float(count)}')
+    return "\n".join(lines) + "\n"

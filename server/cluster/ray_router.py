@@ -1,0 +1,83 @@
+"""Our router inside Ray Serve's request-router extension point (`RequestRouter`, Ray 2.60).
+
+Ray Serve creates one of these in every process that holds a handle to the replicas (here, each
+ingress replica) and asks it, per request, for replicas in order of preference. It reads the prompt
+from the request's `Submission`, the replicas' reports from their `routing_stats` (which Serve polls
+from `EngineReplica.record_routing_stats` every `request_routing_stats_period_s`), and lets
+`server.cluster.router.Router` decide. Ray does the rest: it sends to the first replica of the first
+rank that has room (`max_ongoing_requests`), falls back to the next ranks, and retries a request that
+never started on a replica that died.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+import server.cluster.router as router_core
+from server.cluster.protocol import Submission
+from server.cluster.router import Decision, ReplicaReport, Router
+
+
+class KVCacheRequestRouter(RequestRouter):
+    def initialize_state(self, policy: str = "kv", block_size: int = 16, imbalance_threshold: int = 4,
+                         **kwargs: Any) -> None:
+        self.router = Router(policy, block_size, imbalance_threshold=imbalance_threshold)
+        # Serve pickles this module by value: the registry is reached through the router module, the one
+        # copy the ingress reads
+        router_core.ROUTERS[self._deployment_id.name] = self.router
+        self._decided: dict[str, Decision] = {}  # internal request id -> where it was sent
+        self._seen_reports: dict[str, float] = {}  # replica -> time of the last report applied
+
+    def _sync(self, candidates: list[RunningReplica]) -> None:
+        ids = [r.replica_id.unique_id for r in candidates]
+        if set(ids) != set(self.router.replicas):
+            self.router.set_replicas(ids)
+        for r in candidates:
+            report = ReplicaReport.from_stats(r.routing_stats)
+            rid = r.replica_id.unique_id
+            if report is not None and self._seen_reports.get(rid) != report.time:
+                self._seen_reports[rid] = report.time
+                self.router.report(report)
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        """Serve's new view of the replicas (membership, or a replica's routing_stats changed)."""
+        super().update_replicas(replicas)
+        self._sync(replicas)
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        self._sync(candidate_replicas)
+        sub = _submission(pending_request)
+        if sub is None:  # not a generation (status calls): any replica
+            return [candidate_replicas]
+        rid = pending_request.metadata.internal_request_id
+        decision = self._decided.get(rid)
+        if decision is None or decision.replica_id not in self.router.replicas:
+            decision = self.router.decide(sub.prompt_ids, cache_salt=sub.cache_salt, use_cache=sub.use_cache)
+            self.router.routed(decision, decision.replica_id)
+            self._decided[rid] = decision
+        first = [r for r in candidate_replicas if r.replica_id.unique_id == decision.replica_id]
+        rest = sorted((r for r in candidate_replicas if r.replica_id.unique_id != decision.replica_id),
+                      key=lambda r: self.router.replicas[r.replica_id.unique_id].load)
+        return [first, rest]
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        decision = self._decided.pop(internal_request_id, None)
+        if decision is not None:
+            self.router.finished(decision.replica_id)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self.router.forget_cache(replica_id.unique_id)
+
+
+def _submission(pending: PendingRequest | None) -> Submission | None:
+    if pending is None:
+        return None
+    for arg in list(pending.args) + list(pending.kwargs.values()):
+        if isinstance(arg, Submission):
+            return arg
+    return None

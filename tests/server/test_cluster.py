@@ -1,0 +1,218 @@
+"""The Ray Serve app on a real local Ray (`ray.init(num_cpus=2)`): two engine replicas behind the ingress,
+against one `python -m server` on the same checkpoint. Skipped where Ray is not installed (the `cluster`
+extra, which `make test` installs)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+
+from bench.tiny_checkpoint import main as make_tiny_checkpoint  # noqa: E402
+from server.cluster.app import ClusterSettings, build_app  # noqa: E402
+from server.engine import EngineConfig  # noqa: E402
+from tests.server.conftest import serve as serve_single, wait_healthy  # noqa: E402
+
+NUM_BLOCKS = 160  # per replica: a 1024-token sequence needs 64 blocks of 16
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """Long enough (1024 positions) that a stream of hundreds of tokens is still running when a test
+    kills its replica."""
+    path = tmp_path_factory.mktemp("cluster") / "tiny1024"
+    make_tiny_checkpoint([str(path), "--context", "1024"])
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster(checkpoint):
+    """Two apps on one local Ray: `kv` at /, `round-robin` at /rr, two replicas each (half a CPU each)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    for name, router, prefix in (("kv", "kv", "/"), ("rr", "round-robin", "/rr")):
+        settings = ClusterSettings(checkpoint=checkpoint, replicas=2, router=router, replica_cpus=0.5,
+                                   engine=EngineConfig(threads=1, num_blocks=NUM_BLOCKS), model_name="tiny")
+        serve.run(build_app(settings), name=name, route_prefix=prefix, blocking=False)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, 240)
+    wait_healthy(url + "/rr", 240)
+    yield url
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def single(checkpoint):
+    server = serve_single(checkpoint, num_blocks=NUM_BLOCKS)
+    yield server.url
+    server.stop()
+
+
+def _post(url: str, path: str, body: dict) -> dict:
+    r = httpx.post(url + path, json=body, timeout=120, trust_env=False)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _stream(url: str, path: str, body: dict) -> list[dict]:
+    events = []
+    with httpx.stream("POST", url + path, json=body, timeout=120, trust_env=False) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                events.append(json.loads(line[5:]))
+    return events
+
+
+def test_two_replicas_answer_what_a_single_server_answers_streamed_and_not(cluster, single):
+    body = {"inputs": "ROMEO: the quick brown", "parameters": {"max_new_tokens": 24, "details": True,
+                                                                "decoder_input_details": True}}
+    one, many = _post(single, "/generate", body), _post(cluster, "/generate", body)
+    assert many["generated_text"] == one["generated_text"]
+    assert [t["logprob"] for t in many["details"]["tokens"]] == [t["logprob"] for t in one["details"]["tokens"]]
+    streamed = _stream(cluster, "/generate_stream", body)
+    assert [e["token"]["id"] for e in streamed] == [t["id"] for t in one["details"]["tokens"]]
+    assert [e["token"]["logprob"] for e in streamed] == [t["logprob"] for t in one["details"]["tokens"]]
+    completion = {"prompt": "JULIET: what light", "max_tokens": 16, "temperature": 0, "logprobs": 2}
+    a, b = _post(single, "/v1/completions", completion), _post(cluster, "/v1/completions", completion)
+    assert b["choices"][0]["text"] == a["choices"][0]["text"]
+    assert b["choices"][0]["logprobs"] == a["choices"][0]["logprobs"]
+    chunks = _stream(cluster, "/v1/completions", completion | {"stream": True})
+    assert "".join(c["choices"][0]["text"] for c in chunks if c.get("choices")) == a["choices"][0]["text"]
+
+
+def _tenant_runs(url: str, seed: int) -> list[tuple[int, int]]:
+    """Four tenants' prefixes (~200 tokens each), each asked 4 times in shuffled order: (tenant, cached)."""
+    rng = random.Random(seed)
+    words = "sun moon star tree river stone cloud field".split()
+    prefixes = [" ".join(rng.choice(words) for _ in range(90)) + f" tenant{seed}x{t}" for t in range(4)]
+    order = [t for t in range(4) for _ in range(4)]
+    rng.shuffle(order)
+    seen, runs = set(), []
+    for i, t in enumerate(order):
+        out = _post(url, "/generate", {"inputs": f"{prefixes[t]} question {i}:",
+                                       "parameters": {"max_new_tokens": 2, "details": True}})
+        runs.append((t, out["details"]["cached_tokens"], t in seen))
+        seen.add(t)
+    return runs
+
+
+def test_kv_routing_sends_every_repeat_to_the_replica_that_computed_it_and_round_robin_does_not(cluster):
+    kv = _tenant_runs(cluster, seed=1)
+    assert all(cached > 0 for _, cached, repeat in kv if repeat), kv
+    rr = _tenant_runs(cluster + "/rr", seed=2)
+    assert not all(cached > 0 for _, cached, repeat in rr if repeat), rr
+    metrics = httpx.get(cluster + "/metrics", timeout=10, trust_env=False).text
+    assert 'kvserve:router_decisions_total{policy="kv",outcome="hit"}' in metrics
+    deadline = time.monotonic() + 20  # the replicas' counters, summed, as their next reports bring them
+    hits = sum(cached for _, cached, _ in kv)
+    while _metric(cluster, "kvserve:prefix_cache_hits_total") < hits and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _metric(cluster, "kvserve:prefix_cache_hits_total") >= hits
+
+
+def _metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=10, trust_env=False).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _replica_pids(url: str) -> dict[str, int]:
+    text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
+    pids = {}
+    for line in text.splitlines():
+        if line.startswith("kvserve:replica_pid{"):
+            pids[line.split('"')[1]] = int(float(line.rsplit(" ", 1)[1]))
+    return pids
+
+
+def test_a_killed_replica_ends_its_streams_with_an_error_new_requests_succeed_and_ray_restarts_it(cluster):
+    deadline = time.monotonic() + 30
+    while len(pids := _replica_pids(cluster)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(pids) == 2, pids
+    victim = sorted(pids.values())[0]
+    body = {"inputs": "KING: a long tale", "parameters": {"max_new_tokens": 900, "ignore_eos": True}}
+    started, finals = threading.Semaphore(0), []
+
+    def run(prompt: str) -> None:
+        last = None
+        with httpx.stream("POST", cluster + "/generate_stream", json=body | {"inputs": prompt}, timeout=120,
+                          trust_env=False) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    if last is None:
+                        started.release()
+                    last = json.loads(line[5:])
+        finals.append(last)
+
+    # four fresh prompts at once: the kv router spreads them over both replicas (least loaded first)
+    threads = [threading.Thread(target=run, args=(f"KING {k}: a long tale",)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        assert started.acquire(timeout=60), "a stream did not start"
+    os.kill(victim, signal.SIGKILL)
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a stream hung after its replica died"
+    assert len(finals) == 4
+    errors = [f for f in finals if "error" in f]
+    done = [f for f in finals if f.get("details", {}) or f.get("generated_text")]
+    assert errors, f"no stream ended with an error after the kill: {finals}"
+    assert all("replica" in e["error"] for e in errors), errors
+    assert len(errors) + len(done) == 4, finals
+    for k in range(3):  # new requests succeed (Ray retries those it had sent to the dead replica)
+        _post(cluster, "/generate", {"inputs": f"after the kill {k}", "parameters": {"max_new_tokens": 4}})
+    deadline = time.monotonic() + 180  # a new replica loads the model and warms up
+    while time.monotonic() < deadline:
+        pids = _replica_pids(cluster)
+        health = httpx.get(cluster + "/health", timeout=10, trust_env=False).json()
+        if len(pids) == 2 and victim not in pids.values() and health.get("replicas_ready") == 2:
+            break
+        time.sleep(1)
+    assert victim not in pids.values() and len(pids) == 2, f"Ray did not bring the replica back: {pids}"
+    assert health["replicas_ready"] == 2, health
+
+
+def test_the_serve_config_files_deploy_the_same_application_with_autoscaling_from_flags(tmp_path):
+    import yaml
+    from pathlib import Path
+    from server.cluster.app import app_builder, replica_options
+    from server.cluster.__main__ import parse_args, settings_from
+    root = Path(__file__).resolve().parents[2]
+    for name in ("serve_config.yaml", "rayservice.yaml"):
+        doc = yaml.safe_load((root / "docs/cluster" / name).read_text())
+        config = yaml.safe_load(doc["spec"]["serveConfigV2"]) if "spec" in doc else doc
+        (app,) = config["applications"]
+        assert app["import_path"] == "server.cluster.app:app_builder"
+        args = parse_args([f"--{k.replace('_', '-')}={v}" for k, v in app["args"].items()])
+        assert args.router in ("kv", "pow2", "round-robin")
+    s = settings_from(parse_args(["--checkpoint", str(tmp_path), "--replicas", "3", "--min-replicas", "2",
+                                  "--max-replicas", "6", "--target-ongoing-requests", "5", "--router", "kv",
+                                  "--kv-cache-memory", "64MiB"]))
+    opts = replica_options(s)
+    auto = opts["autoscaling_config"]
+    assert (auto.min_replicas, auto.max_replicas, auto.initial_replicas, auto.target_ongoing_requests) == (2, 6, 3, 5)
+    assert "num_replicas" not in opts and s.engine.kv_cache_memory == 64 * 2**20
+    assert opts["request_router_config"].request_router_kwargs["policy"] == "kv"
+    assert "request_router_config" not in replica_options(settings_from(parse_args(["--router", "pow2"])))
+    assert app_builder({"checkpoint": str(tmp_path), "replicas": 2}) is not None
