@@ -89,6 +89,9 @@ class Engine:
                                config.prompt_lookup_max) if config.speculative == "ngram" else None
         self.runner = ModelRunner(model, self.cache, config.max_num_seqs, config.max_num_batched_tokens,
                                   config.num_speculative_tokens if self.drafter else 0)
+        if self.drafter is not None and model.kernels != "exact":
+            log.warning("speculative decoding with torch's kernels: verify rows may differ from one-row decodes "
+                        "in the last bits, so the output may differ from decoding without it")
         self.outputs = OutputProcessor(tokenizer)
         self._wakeup = threading.Condition()
         self._step_lock = threading.Lock()  # held for the length of a step; `paused()` holds it too
@@ -132,12 +135,7 @@ class Engine:
         s = self.scheduler.stats
         out = {"prefix_cache_queries": s.prefix_cache_queries, "prefix_cache_hits": s.prefix_cache_hits,
                "num_preemptions": s.preemptions}
-        if self.drafter is not None:
-            d = self.drafter.stats
-            out.update(spec_decode_num_drafts=d.num_drafts, spec_decode_num_draft_tokens=d.num_draft_tokens,
-                       spec_decode_num_accepted_tokens=d.num_accepted_tokens,
-                       spec_decode_num_accepted_tokens_per_pos=list(d.accepted_per_position))
-        return out
+        return out if self.drafter is None else {**out, **self.drafter.stats.counters()}
 
     @property
     def info(self) -> EngineInfo:
@@ -322,9 +320,7 @@ class Engine:
 
     def step(self) -> SchedulerOutput:
         if self.drafter is not None:
-            for req in self.scheduler.running:  # drafts for the decoding requests (the schedule fits what it can)
-                decoding = req.speculative and req.num_computed == req.num_tokens - 1
-                req.draft = self.drafter.propose(req) if decoding else []
+            self.drafter.draft_all(self.scheduler.running)  # the schedule fits what it can
         sched = self.scheduler.schedule()
         events = [(req, self.outputs.end(req, FINISH_ABORT)) for req in sched.aborted]
         if sched.num_tokens:

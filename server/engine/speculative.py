@@ -44,6 +44,12 @@ class SpecDecodeStats:
     num_accepted_tokens: int = 0  # of those, accepted
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: drafts whose token i was accepted
 
+    def counters(self) -> dict[str, int | list[int]]:
+        """For /metrics, under vLLM's names."""
+        return {"spec_decode_num_drafts": self.num_drafts, "spec_decode_num_draft_tokens": self.num_draft_tokens,
+                "spec_decode_num_accepted_tokens": self.num_accepted_tokens,
+                "spec_decode_num_accepted_tokens_per_pos": list(self.accepted_per_position)}
+
 
 @dataclass
 class DraftState:
@@ -62,6 +68,12 @@ class Drafter:
     def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int) -> None:
         self.k, self.min_n, self.max_n = num_speculative_tokens, prompt_lookup_min, prompt_lookup_max
         self.stats = SpecDecodeStats(accepted_per_position=[0] * num_speculative_tokens)
+
+    def draft_all(self, running: list[Request]) -> None:
+        """Sets the draft of every running request (empty unless it decodes and may speculate)."""
+        for req in running:
+            decoding = req.speculative and req.num_computed == req.num_tokens - 1
+            req.draft = self.propose(req) if decoding else []
 
     def propose(self, req: Request) -> list[int]:
         """The draft for a decoding request's next step (possibly empty): at most K tokens, and never
