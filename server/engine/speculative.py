@@ -26,7 +26,7 @@ from server.engine.request import Request
 # is measured (BENCHMARKS.md, "Speculative decoding: when drafts pay"): about 7 rows alone, growing
 # by about half a row per sequence in the batch.
 FIXED_ROWS_ALONE, FIXED_ROWS_PER_SEQUENCE = 7.0, 0.5
-PROBE_TOKENS = 2  # the draft length after a pause (and first), until a draft pays again
+PROBE_TOKENS = 1  # the draft length after a pause (and first), until a draft pays again: one row at stake
 FIRST_PAUSE, LONGEST_PAUSE = 4, 64  # steps without drafting after a draft that did not pay; doubled in a row
 
 
