@@ -6,6 +6,7 @@ import { $, authHeaders } from "./api.js";
 import { sseData } from "./sse.js";
 
 const HIT_MS = 1000; // how long a hit stays outlined
+const LISTED_REQUESTS = 12; // running requests listed under the map; the rest are counted
 const RECONNECT_MS = 1000;
 
 /** A request's colour, the same for the same id. */
@@ -124,7 +125,7 @@ export class KVMap {
 
   renderRequests(s) {
     const shared = (b) => s.ref_counts[b] > 1;
-    $("kv-requests").replaceChildren(...s.requests.map((r) => {
+    const items = s.requests.slice(0, LISTED_REQUESTS).map((r) => {
       const item = document.createElement("li");
       const swatch = Object.assign(document.createElement("span"), { className: "swatch" });
       swatch.style.background = requestColour(r.request_id);
@@ -134,6 +135,11 @@ export class KVMap {
                   (r.cached_tokens ? ` · ${r.cached_tokens} prompt tokens from the cache` : "") +
                   (r.use_cache ? "" : " · no cache: recomputes every step"));
       return item;
-    }));
+    });
+    if (s.requests.length > LISTED_REQUESTS) {
+      items.push(Object.assign(document.createElement("li"), {
+        className: "more", textContent: `… and ${s.requests.length - LISTED_REQUESTS} more running` }));
+    }
+    $("kv-requests").replaceChildren(...items);
   }
 }
