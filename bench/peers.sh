@@ -18,20 +18,33 @@ counter() {  # generated tokens so far, from the server's own metrics
     vllm) curl -s localhost:8200/metrics | awk '/^vllm:generation_tokens_total/ {s+=$2} END {print s}' ;;
   esac
 }
+# Each server runs in a session of its own (setsid), so that its process group holds it and whatever it
+# spawns (vLLM's engine process) and nothing else: stop() ends that group, never a process found by name.
+PID=
 start() {
   case $1 in
-    ours) .venv/bin/python -m server --port 8100 --log-level warning > "$OUT/$1.log" 2>&1 & URL=http://127.0.0.1:8100 ;;
-    llama-*) bash $SHARED/serve.sh "$PEERS" "$1" 8300 > "$OUT/$1.log" 2>&1 & URL=http://127.0.0.1:8300 ;;
-    vllm) bash $SHARED/serve.sh "$PEERS" vllm 8200 > "$OUT/$1.log" 2>&1 & URL=http://127.0.0.1:8200 ;;
+    ours) setsid .venv/bin/python -m server --port 8100 --log-level warning > "$OUT/$1.log" 2>&1 &
+          URL=http://127.0.0.1:8100 ;;
+    llama-*) setsid bash $SHARED/serve.sh "$PEERS" "$1" 8300 > "$OUT/$1.log" 2>&1 & URL=http://127.0.0.1:8300 ;;
+    vllm) setsid bash $SHARED/serve.sh "$PEERS" vllm 8200 > "$OUT/$1.log" 2>&1 & URL=http://127.0.0.1:8200 ;;
   esac
   PID=$!
   for _ in $(seq 1 600); do curl -sf "$URL/health" > /dev/null && return 0; sleep 1; done
   return 1
 }
+stop() {  # the server this script started last, and its children: SIGTERM, then SIGKILL after 30 s
+  [ -n "$PID" ] || return 0
+  kill -TERM -- "-$PID" 2>/dev/null
+  for _ in $(seq 1 30); do ps -o stat= -g "$PID" | grep -qv '^Z' || break; sleep 1; done  # zombies are gone
+  kill -KILL -- "-$PID" 2>/dev/null
+  wait "$PID" 2>/dev/null
+  PID=
+}
+trap stop EXIT
 MODEL_OF() { case $1 in vllm) echo "$(cd checkpoints/shakespeare-small && pwd)" ;; *) echo shakespeare-small ;; esac; }
 for round in $(seq 1 "$ROUNDS"); do
   for server in ${SERVERS:-ours llama-f32 llama-f16 vllm}; do
-    start $server || { echo "$server did not start" >> "$OUT/summary.txt"; kill $PID; continue; }
+    start $server || { echo "$server did not start" >> "$OUT/summary.txt"; stop; continue; }
     for c in 1 8 32; do
       n=$(( c == 1 ? 32 : 4 * c ))
       before=$(counter $server)
@@ -48,7 +61,7 @@ print(json.dumps({"server": server, "concurrency": int(c), "round": int(rnd), "o
                   "p99_itl_ms": d["p99_itl_ms"], "p50_ttft_ms": d["median_ttft_ms"], "p99_ttft_ms": d["p99_ttft_ms"]}))
 PYEOF
     done
-    kill $PID; wait $PID 2>/dev/null; pkill -f "llama-server|vllm serve" 2>/dev/null; sleep 3
+    stop; sleep 3
   done
 done
 cat "$OUT/summary.txt"

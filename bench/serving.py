@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 
 from bench.common import RESULTS_DIR, base_parser, machine_info, resolve, write_result
-from loadtest.client import LoadTestConfig, load_prompts, run_load_test
+from loadtest.client import LoadTestConfig, run_load_test
+from loadtest.prompts import load_prompts
 from loadtest.report import render_tables, write_plots
 
 

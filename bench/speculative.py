@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from bench.common import base_parser, machine_info, resolve, write_result
-from loadtest.client import build_prompts
+from loadtest.prompts import build_prompts
 from model.checkpoint import load_model, load_tokenizer
 from model.data import DEFAULT_DATA_DIR, VALIDATION_PLAYS
 from model.kv_cache import PagedKVCache, StepBatch

@@ -9,7 +9,7 @@ from model.checkpoint import save_checkpoint
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.tokenizer import train_tokenizer
-from loadtest.client import BUILTIN_PASSAGE
+from loadtest.prompts import BUILTIN_PASSAGE
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""Model configuration: a dataclass that reads and writes Hugging Face GPT-2's `config.json` keys."""
+"""Model configuration: a dataclass that reads and writes Hugging Face GPT-2's `config.json` keys, and the
+check that a prompt fits the model (its context and vocabulary)."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,6 +13,26 @@ SUPPORTED_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")
 
 class ConfigError(ValueError):
     """A config.json that this project cannot run."""
+
+
+class PromptError(ValueError):
+    """A prompt the model cannot run."""
+
+
+def check_prompt(prompt_ids: list[int], max_new_tokens: int, context: int, vocab_size: int) -> None:
+    """What the model can run: a non-empty prompt of ids in its vocabulary that, with the tokens to
+    generate, fits the context. The one check of a prompt; the engine and generate() call it."""
+    if not prompt_ids:
+        raise PromptError("the prompt is empty: at least one token is needed")
+    bad = [i for i in prompt_ids if not 0 <= i < vocab_size]
+    if bad:
+        raise PromptError(f"token ids out of range [0, {vocab_size}): {bad[:5]}")
+    if len(prompt_ids) >= context:
+        raise PromptError(f"the prompt has {len(prompt_ids)} tokens; the context holds {context}, "
+                          "so it must be shorter than that")
+    if len(prompt_ids) + max_new_tokens > context:
+        raise PromptError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "
+                          f"exceeds the context of {context} tokens")
 
 
 @dataclass(frozen=True)

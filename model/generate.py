@@ -6,7 +6,6 @@ here the sequence owns a small paged cache of its own, blocks 0, 1, 2, ... in or
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import time
 from collections.abc import Iterator
@@ -15,32 +14,15 @@ from dataclasses import dataclass
 import torch
 
 from model.checkpoint import DEFAULT_CHECKPOINT, load_model, load_tokenizer
+from model.config import PromptError, check_prompt
 from model.device import resolve_device, resolve_dtype
 from model.gpt import GPT
 from model.kv_cache import PagedKVCache, StepBatch
-from model.sampling import Penalties, SamplingBatch, SamplingParams, sample
+from model.sampling import Penalties, SamplingBatch, SamplingParams, resolve_seed, sample
 from model.text import OutputText
 from model.tokenizer import Tokenizer
 
 BLOCK_SIZE = 16
-
-
-class PromptError(ValueError):
-    """A prompt the model cannot run."""
-
-
-def check_prompt(prompt_ids: list[int], max_new_tokens: int, context: int, vocab_size: int) -> None:
-    if not prompt_ids:
-        raise PromptError("the prompt is empty: at least one token is needed")
-    bad = [i for i in prompt_ids if not 0 <= i < vocab_size]
-    if bad:
-        raise PromptError(f"token ids out of range [0, {vocab_size}): {bad[:5]}")
-    if len(prompt_ids) >= context:
-        raise PromptError(f"the prompt has {len(prompt_ids)} tokens; the context holds {context}, "
-                          "so it must be shorter than that")
-    if len(prompt_ids) + max_new_tokens > context:
-        raise PromptError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "
-                          f"exceeds the context of {context} tokens")
 
 
 def sequence_cache(model: GPT, length: int, block_size: int = BLOCK_SIZE) -> tuple[PagedKVCache, list[int]]:
@@ -81,7 +63,7 @@ def generate(model: GPT, tokenizer: Tokenizer, prompt: str | list[int], params: 
     device = model.device
     ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     check_prompt(ids, params.max_new_tokens, model.config.n_positions, model.config.vocab_size)
-    seed = params.seed if params.seed is not None else random.getrandbits(63)
+    seed = resolve_seed(params.seed)
     cache, blocks = sequence_cache(model, len(ids) + params.max_new_tokens)
     logits = prefill(model, cache, ids, blocks) if use_cache else recompute(model, cache, ids, blocks)
     output = OutputText(tokenizer, params)

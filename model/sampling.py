@@ -10,12 +10,17 @@ chosen token's under the model's unmodified distribution.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-GREEDY_BELOW = 1e-5  # smaller temperatures overflow float32 logits; they mean greedy, as in vLLM
+# A temperature below this means greedy (smaller ones overflow float32 logits), as in vLLM; it is also the
+# floor the API holds top_p and the repetition penalty at.
+SAMPLING_EPS = 1e-5
+SPLITMIX_GAMMA = 0x9E3779B97F4A7C15  # splitmix64's increment (2^64 / golden ratio)
+SEED_BITS = 63  # a drawn seed fits a signed 64-bit integer, which every JSON client reads back
 
 
 class SamplingError(ValueError):
@@ -28,7 +33,7 @@ MAX_LOGPROBS = 20  # top alternatives a row may ask for, as OpenAI's and vLLM's 
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = 64  # 0 only with prompt_logprobs: score the prompt, generate nothing
-    temperature: float = 1.0  # below GREEDY_BELOW (0 included) means greedy
+    temperature: float = 1.0  # below SAMPLING_EPS (0 included) means greedy
     top_k: int = 0  # 0 means off
     top_p: float = 1.0  # 1 means off
     repetition_penalty: float = 1.0  # 1 means off (CTRL / Hugging Face semantics, prompt and output tokens)
@@ -65,7 +70,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < GREEDY_BELOW
+        return self.temperature < SAMPLING_EPS
 
     @property
     def penalized(self) -> bool:
@@ -74,10 +79,21 @@ class SamplingParams:
                 or bool(self.logit_bias))
 
 
+def resolve_seed(seed: int | None) -> int:
+    """The request's seed, or one drawn for a request that gave none (reported back so it can be replayed)."""
+    return seed if seed is not None else random.getrandbits(SEED_BITS)
+
+
+def copy_seed(seed: int, copy: int) -> int:
+    """The seed of copy `copy` of a request (OpenAI's n, best_of): `copy` splitmix steps from the first's,
+    so n copies sample n different sequences, and the same n again for the same seed."""
+    return (seed + copy * SPLITMIX_GAMMA) % 2**SEED_BITS
+
+
 def uniform_draws(seeds: np.ndarray, indices: np.ndarray) -> np.ndarray:
     """One uniform in [0, 1) per row: splitmix64 of (seed, token index), 53 bits. seeds, indices: (R,)."""
     with np.errstate(over="ignore"):
-        z = seeds.astype(np.uint64) + (indices.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+        z = seeds.astype(np.uint64) + (indices.astype(np.uint64) + np.uint64(1)) * np.uint64(SPLITMIX_GAMMA)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z = z ^ (z >> np.uint64(31))

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from model.device import resolve_device
     from server.api.app import GracefulServer, create_app
-    from server.api.serving import Limits
+    from server.api.limits import Limits
     from server.engine import Engine, EngineArgs
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

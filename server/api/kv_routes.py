@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from server.api.serving import SSE_HEADERS, APIError
+from server.api.errors import APIError
+from server.api.sse import SSE_HEADERS
 from server.engine import Engine, EngineStoppedError
 from server.engine.kv_view import KVSnapshot, kv_snapshot
 

@@ -16,9 +16,14 @@ from server.api.metrics import Metrics
 from server.api.protocol_openai import (ChatChoice, ChatChoiceLogprobs, ChatChunkChoice, ChatCompletionChunk,
                                         ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatLogprob,
                                         ChatResponseMessage, ChatTokenLogprob)
-from server.api.serving import (APIError, Generation, Limits, copies_of, encode, error_event, logit_bias_of,
-                                sampling_params, seed_for, sse, sse_response, tokens_of)
-from server.api.serving_completions import OPENAI_FINISH, usage_of
+from server.api.encoding import encode
+from server.api.errors import APIError
+from server.api.generation import Generation, tokens_of
+from server.api.limits import Limits
+from server.api.openai_output import OPENAI_FINISH, usage_of
+from server.api.params import logit_bias_of, sampling_params
+from server.api.seeds import copies_of, seed_for
+from server.api.sse import error_event, sse, sse_response
 from server.engine import FINISH_ERROR, Engine, TokenOutput
 
 
@@ -75,7 +80,7 @@ async def chat_completion(request: Request, body: ChatCompletionRequest, engine:
                      speculative=body.speculative)
     head = dict(id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=model_name)
     if body.stream:
-        return sse_response(_chat_events(engine, gen.events(request), head, body, prompt_ids), gen)
+        return sse_response(_chat_events(engine, gen.events(request), head, body, prompt_ids), gen.cancel)
     outs = await gen.collect(request)
     choices = [ChatChoice(index=k, message=ChatResponseMessage(content="".join(o.text for o in tokens_of(events))),
                           logprobs=_logprobs(engine, tokens_of(events), params.logprobs) if body.logprobs else None,

@@ -13,13 +13,16 @@ from fastapi.responses import JSONResponse
 
 from model.sampling import SamplingParams
 from server.api.metrics import Metrics
-from server.api.protocol_openai import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
-                                        CompletionTokensDetails, PromptTokensDetails, Usage)
-from server.api.serving import (APIError, Generation, Limits, copies_of, encode, error_event, logit_bias_of,
-                                sampling_params, seed_for, sse_response, tokens_of)
-from server.engine import FINISH_EOS, FINISH_ERROR, FINISH_STOP, Engine, TokenOutput
-
-OPENAI_FINISH = {"length": "length", FINISH_EOS: "stop", FINISH_STOP: "stop"}
+from server.api.encoding import encode
+from server.api.errors import APIError
+from server.api.generation import Generation, tokens_of
+from server.api.limits import Limits
+from server.api.openai_output import OPENAI_FINISH, usage_of
+from server.api.params import logit_bias_of, sampling_params
+from server.api.protocol_openai import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
+from server.api.seeds import copies_of, seed_for
+from server.api.sse import error_event, sse_response
+from server.engine import FINISH_ERROR, Engine, TokenOutput
 
 
 def completion_params(r: CompletionRequest, engine: Engine, limits: Limits) -> SamplingParams:
@@ -44,12 +47,6 @@ async def prompt_ids_of(engine: Engine, prompts: list[str | list[int]], limits: 
     out = []
     for p in prompts:
         ids = await encode(engine, p) if isinstance(p, str) else p
-        if not ids:
-            raise APIError(422, "prompt: a prompt encodes to no token", "validation")
-        vocab = engine.model_config.vocab_size
-        bad = [t for t in ids if t >= vocab]
-        if bad:
-            raise APIError(422, f"prompt: token ids out of range [0, {vocab}): {bad[:5]}", "validation")
         limits.check_prompt(len(ids))
         out.append(ids)
     return out
@@ -106,22 +103,6 @@ def _join(a: CompletionLogprobs | None, b: CompletionLogprobs) -> CompletionLogp
                               text_offset=a.text_offset + b.text_offset)
 
 
-def usage_of(prompts: list[list[int]], choices: list[list[TokenOutput]], copies: int) -> Usage:
-    """Prompt tokens once per prompt (with what its first copy found in the prefix cache), and every
-    returned choice's generated tokens."""
-    prompt_tokens = sum(len(p) for p in prompts)
-    generated = sum(len(tokens_of(c)) for c in choices)
-    cached = sum(choices[i * copies][-1].stats.cached_tokens for i in range(len(prompts))
-                 if choices[i * copies] and choices[i * copies][-1].stats)
-    finals = [c[-1].stats for c in choices if c and c[-1].stats]
-    accepted = sum(s.accepted_draft_tokens for s in finals)
-    return Usage(prompt_tokens=prompt_tokens, completion_tokens=generated, total_tokens=prompt_tokens + generated,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
-                 completion_tokens_details=CompletionTokensDetails(
-                     accepted_prediction_tokens=accepted,
-                     rejected_prediction_tokens=sum(s.draft_tokens for s in finals) - accepted))
-
-
 async def openai_completion(request: Request, body: CompletionRequest, engine: Engine, metrics: Metrics,
                             limits: Limits, model_name: str):
     if body.model not in (None, model_name):
@@ -137,7 +118,8 @@ async def openai_completion(request: Request, body: CompletionRequest, engine: E
     builder = LogprobsBuilder(engine, body.logprobs or 0)
     texts = [engine.tokenizer.decode(p) if isinstance(raw, list) else raw for p, raw in zip(prompts, body.prompts)]
     if body.stream:
-        return sse_response(_completion_events(gen.events(request), head, body, prompts, texts, builder, gen), gen)
+        events = _completion_events(gen.events(request), head, body, prompts, texts, builder, gen)
+        return sse_response(events, gen.cancel)
     outs = await gen.collect(request)
     choices = []
     for i, prompt in enumerate(prompts):

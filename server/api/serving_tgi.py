@@ -14,8 +14,13 @@ from server.api.attention_view import attention_of_generation
 from server.api.metrics import Metrics
 from server.api.protocol import (AttentionWeights, BestOfSequence, Details, GenerateParameters, GenerateRequest,
                                  GenerateResponse, PrefillToken, StreamDetails, StreamResponse, Token)
-from server.api.serving import (APIError, Generation, Limits, encode, error_event, sampling_params, seed_for,
-                                copies_of, sse, sse_response, tokens_of)
+from server.api.encoding import encode
+from server.api.errors import APIError
+from server.api.generation import Generation, tokens_of
+from server.api.limits import Limits
+from server.api.params import sampling_params
+from server.api.seeds import copies_of, seed_for
+from server.api.sse import error_event, sse, sse_response
 from server.engine import FINISH_EOS, FINISH_ERROR, FINISH_STOP, Engine, TokenOutput
 
 DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default, cut to what the context leaves
@@ -98,7 +103,7 @@ async def tgi_generate(request: Request, body: GenerateRequest, engine: Engine, 
     prefix = body.inputs if p.return_full_text else ""
     attention = (lambda out_ids: attention_of_generation(engine, prompt_ids, out_ids)) if p.return_attention else None
     if stream:
-        return sse_response(_tgi_events(engine, gen.events(request), prefix, prompt_ids, attention), gen)
+        return sse_response(_tgi_events(engine, gen.events(request), prefix, prompt_ids, attention), gen.cancel)
     choices = await gen.collect(request)
     best = max(range(best_of), key=lambda k: _sequence_logprob(choices[k]))  # the likeliest, as TGI picks
     outs, final = tokens_of(choices[best]), choices[best][-1]

@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def settings_from(args: argparse.Namespace):
-    from server.api.serving import Limits
+    from server.api.limits import Limits
     from server.cluster.app import ClusterSettings
     from server.engine.config import EngineConfig
     config = EngineConfig(max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,

@@ -13,7 +13,7 @@ from pathlib import Path
 from ray import serve
 from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 
-from server.api.serving import Limits
+from server.api.limits import Limits
 from server.cluster.client import RayEngineClient
 from server.cluster.metrics import cluster_metrics
 from server.cluster.ray_router import KVCacheRequestRouter

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
-import random
 import threading
 import time
 from collections import deque
@@ -26,10 +25,10 @@ import torch
 from model import kernels
 from model.checkpoint import DEFAULT_CHECKPOINT, load_model, load_tokenizer
 from model.device import resolve_device, resolve_dtype
-from model.generate import PromptError, check_prompt
+from model.config import PromptError, check_prompt
 from model.gpt import GPT
 from model.kv_cache import PagedKVCache
-from model.sampling import SamplingParams
+from model.sampling import SamplingParams, resolve_seed
 from model.tokenizer import Tokenizer
 from server.engine.block_manager import BlockManager
 from server.engine.config import EngineConfig, EngineInfo
@@ -181,7 +180,7 @@ class Engine:
                               f"{self.blocks.num_blocks} (--kv-cache-memory)")
 
     def _request(self, prompt_ids, params, sink, use_cache, request_id, cache_salt, speculative) -> Request:
-        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        seed = resolve_seed(params.seed)
         req = Request(prompt_ids, params, seed, sink, use_cache=use_cache, cache_salt=cache_salt,
                       request_id=request_id, speculative=speculative)
         self.outputs.start(req)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from model.checkpoint import CheckpointError, load_model, load_tokenizer
-from model.generate import PromptError, generate
+from model.config import PromptError
+from model.generate import generate
 from model.sampling import SamplingParams, SamplingError
 
 GREEDY = SamplingParams(max_new_tokens=4, temperature=0)

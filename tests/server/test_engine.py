@@ -10,7 +10,8 @@ import pytest
 
 import server.engine.model_runner as model_runner
 import server.engine.sampler as sampler
-from model.generate import PromptError, generate
+from model.config import PromptError
+from model.generate import generate
 from model.sampling import SamplingParams
 from server.engine import AsyncSink, Engine, QueueFullError, TokenOutput
 from tests.conftest import EXACT

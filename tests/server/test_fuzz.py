@@ -102,7 +102,7 @@ def test_a_prompt_of_special_tokens_only_is_generated_from_or_refused_never_a_50
 
 
 def test_limits_are_refused_by_name_and_counted(tiny_checkpoint):
-    from server.api.serving import Limits
+    from server.api.limits import Limits
     from tests.server.conftest import serve
 
     limits = Limits(max_input_tokens=8, max_new_tokens=4, max_stop_sequences=1, max_stop_length=3)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.client import (BUILTIN_PASSAGE, LoadTestConfig, RequestParams, build_prompts, run_labels)
+from loadtest.client import LoadTestConfig, RequestParams, run_labels
+from loadtest.prompts import BUILTIN_PASSAGE, build_prompts
 from loadtest.report import (RequestRecord, cache_ratio, distribution, itl_by_token_index, percentile,
                                     render_tables, summarize)
 
@@ -145,7 +146,8 @@ def test_load_test_against_real_server_counts_every_token(server_url, tiny_check
     import asyncio
     import json
 
-    from loadtest.client import load_prompts, run_load_test
+    from loadtest.client import run_load_test
+    from loadtest.prompts import load_prompts
     from loadtest.report import write_plots
 
     prompts, note = load_prompts(4, 8, None, str(tiny_checkpoint), shared_prefix_tokens=40)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from server.engine.model_runner import ModelRunner
-from server.api.serving import Limits
+from server.api.limits import Limits
 from tests.server.conftest import ServerProcess, blocks_free, hook_sampling, serve, sse_events, wait_for
 
 GREEDY = {"max_new_tokens": 12, "ignore_eos": True}

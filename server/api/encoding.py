@@ -1,0 +1,14 @@
+"""Text to token ids on the event loop, or off it for long texts."""
+from __future__ import annotations
+
+import asyncio
+
+from server.engine import Engine
+
+LONG_TEXT = 16_384  # characters: longer prompts are tokenized off the event loop
+
+
+async def encode(engine: Engine, text: str) -> list[int]:
+    if len(text) > LONG_TEXT:
+        return await asyncio.to_thread(engine.tokenizer.encode, text)
+    return engine.tokenizer.encode(text)

@@ -1,0 +1,124 @@
+"""The engine requests one HTTP request owns (`Generation`): submitted together, consumed together,
+cancelled together on a disconnect or a deadline."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from fastapi import Request
+
+from model.config import PromptError
+from model.sampling import SamplingParams
+from server.api.errors import APIError
+from server.api.metrics import Metrics
+from server.engine import (FINISH_ABORT, FINISH_ERROR, AsyncSink, Engine, EngineStoppedError, QueueFullError,
+                           TokenOutput)
+
+
+class Generation:
+    """The engine requests one HTTP request owns: for each prompt, its copies (n, best_of), choice k
+    being copy k % copies of prompt k // copies. All are submitted at construction (so a refusal is an
+    HTTP status, not a broken stream), consumed together by `events`, and cancelled together when the
+    client disconnects or when `timeout` seconds have passed (then each one's last event is an error of
+    type 'timeout')."""
+
+    def __init__(self, engine: Engine, metrics: Metrics, prompts: list[list[int]], params: list[SamplingParams],
+                 use_cache: bool, *, timeout: float | None = None, max_tokens_field: str = "max_new_tokens",
+                 cache_salt: str | None = None, speculative: bool = True) -> None:
+        """params: one per copy of each prompt (the same list for every prompt)."""
+        self.engine, self.metrics, self.prompts, self.params, self.use_cache = engine, metrics, prompts, params, use_cache
+        self.timeout, self.expired = timeout, False
+        self.copies = len(params)
+        self._events: asyncio.Queue = asyncio.Queue()
+        sink = AsyncSink(asyncio.get_running_loop(), self._events)
+        self.request_ids: list[str] = []
+        try:
+            for ids in prompts:
+                if self.copies == 1:
+                    self.request_ids.append(engine.submit(ids, params[0], sink, use_cache=use_cache,
+                                                          cache_salt=cache_salt, speculative=speculative))
+                else:
+                    self.request_ids += engine.submit_copies(ids, params, [sink] * self.copies, use_cache=use_cache,
+                                                             cache_salt=cache_salt, speculative=speculative)
+        except PromptError as e:
+            self.cancel()
+            raise APIError(422, str(e).replace("max_new_tokens", max_tokens_field), "validation",
+                           reason="context_length") from e
+        except QueueFullError as e:
+            self.cancel()
+            raise APIError(429, str(e), "overloaded", headers={"Retry-After": "1"}, reason="queue_full") from e
+        except EngineStoppedError as e:
+            self.cancel()
+            raise APIError(503, str(e), "unavailable", headers={"Retry-After": "5"}, reason="shutting_down") from e
+        self._choice = {rid: k for k, rid in enumerate(self.request_ids)}
+        self._open = set(self.request_ids)
+
+    @property
+    def done(self) -> bool:
+        return not self._open
+
+    def cancel(self) -> None:
+        for rid in getattr(self, "_open", self.request_ids):
+            self.engine.abort(rid)
+
+    async def events(self, request: Request) -> AsyncIterator[tuple[int, TokenOutput]]:
+        """(choice, event) pairs as they arrive, until every choice has its last event."""
+        watcher = asyncio.ensure_future(self._cancel_on_disconnect(request))
+        deadline = asyncio.get_running_loop().call_later(self.timeout, self._expire) if self.timeout else None
+        previous: dict[int, TokenOutput] = {}
+        try:
+            while self._open:
+                out = await self._events.get()
+                k = self._choice[out.request_id]
+                if out.token_id is not None:
+                    self.metrics.on_token(out, previous.get(k), self.use_cache)
+                if out.finished:
+                    self._open.discard(out.request_id)
+                    if self.expired and out.finish_reason == FINISH_ABORT:  # counted as an error, not an abort
+                        out = replace(out, finish_reason=FINISH_ERROR, error_type="timeout", error=(
+                            f"the request ran past its deadline of {self.timeout:g} s "
+                            "(parameters.timeout / --request-timeout)"))
+                    self.metrics.on_finish(out.finish_reason, len(self.prompts[k // self.copies]), out.stats,
+                                           self.use_cache)
+                previous[k] = out
+                yield k, out
+        finally:
+            watcher.cancel()
+            if deadline is not None:
+                deadline.cancel()
+            if self._open:  # the consumer left early: the client is gone
+                for rid in self._open:
+                    self.engine.abort(rid)
+                    prompt = self.prompts[self._choice[rid] // self.copies]
+                    self.metrics.on_finish(FINISH_ABORT, len(prompt), None, self.use_cache)
+                self._open.clear()
+
+    async def collect(self, request: Request) -> list[list[TokenOutput]]:
+        """Every choice's events, in choice order; a failed or cancelled choice is an APIError."""
+        outs: list[list[TokenOutput]] = [[] for _ in self.request_ids]
+        async for k, out in self.events(request):
+            outs[k].append(out)
+        for events in outs:
+            final = events[-1]
+            if final.finish_reason == FINISH_ERROR:
+                raise APIError.of_failed_generation(final.error_type, final.error)
+            if final.finish_reason == FINISH_ABORT:
+                raise APIError(503, "the request was cancelled", "cancelled")
+        return outs
+
+    async def _cancel_on_disconnect(self, request: Request) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.cancel()
+
+    def _expire(self) -> None:
+        if self._open:
+            self.expired = True
+            self.metrics.on_rejected("timeout")
+            self.cancel()
+
+
+def tokens_of(outs: list[TokenOutput]) -> list[TokenOutput]:
+    """A choice's token events (a scored prompt's only event carries none)."""
+    return [o for o in outs if o.token_id is not None]

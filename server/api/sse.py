@@ -1,0 +1,48 @@
+"""Server-Sent Events: one event's text, a streamed response, and a failure as the stream's last event."""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+from starlette.background import BackgroundTask
+
+from server.api.errors import APIError
+from server.api.protocol import ErrorResponse
+from server.engine import TokenOutput
+
+log = logging.getLogger("kvserve.serving")
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse(data: BaseModel | dict | str) -> str:
+    if isinstance(data, BaseModel):
+        data = data.model_dump_json()
+    elif isinstance(data, dict):
+        data = json.dumps(data, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+def error_event(out: TokenOutput, openai: bool = False) -> str:
+    """A failed request's last event, in TGI's error shape or (`openai`) OpenAI's."""
+    error = APIError.of_failed_generation(out.error_type, out.error)
+    return "data: " + error.response(openai).body.decode() + "\n\n"
+
+
+def sse_response(events: AsyncIterator[str], on_close: Callable[[], None]) -> StreamingResponse:
+    """`on_close` (the Generation's cancel) runs once the response is over, also when the client left
+    before its first event (then `events` never started, so its own cleanup never runs)."""
+    return StreamingResponse(guarded(events), media_type="text/event-stream", headers=SSE_HEADERS,
+                             background=BackgroundTask(on_close))
+
+
+async def guarded(events: AsyncIterator[str], error_type: str = "generation") -> AsyncIterator[str]:
+    """A failure inside a stream becomes its last event instead of a torn connection."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as e:  # noqa: BLE001 - anything here must reach the client as an error event
+        log.exception("stream failed")
+        yield sse(ErrorResponse(error=f"{type(e).__name__}: {e}", error_type=error_type))
