@@ -1,6 +1,10 @@
 # Two entry points for a fresh machine: `make serve` and `make test` (each installs what it needs).
 PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
+# Empty: pip's configured index (here, the wheel on disk). On a CPU-only machine that reaches the public
+# index, pass PyTorch's CPU wheel index, else pip takes the CUDA build and its nvidia packages (GBs):
+#   make serve TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 VENV ?= .venv
 BIN := $(VENV)/bin
 CHECKPOINT ?= checkpoints/shakespeare-small
@@ -14,7 +18,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 install: $(BIN)/python
-	$(BIN)/pip install --quiet "torch==$(TORCH_VERSION)"
+	$(BIN)/pip install --quiet "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)")
 	$(BIN)/pip install --quiet -e .
 
 install-test: install

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from model.config import ConfigError, GPTConfig
@@ -53,6 +54,27 @@ def load_state_dict(directory: Path, config: GPTConfig) -> dict[str, torch.Tenso
             continue
         state[key if key.startswith("transformer.") else f"transformer.{key}"] = tensor
     return state
+
+
+def inspect_checkpoint(directory: str | Path) -> GPTConfig:
+    """What loading would find wrong with the files, found in milliseconds without loading them: each file
+    is there, config.json is a config this project runs, model.safetensors' header is whole and covers
+    the file (a truncated copy fails here). Returns the config; raises CheckpointError with one line."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint directory {directory} does not exist")
+    try:
+        config = GPTConfig.load(_require(directory, CONFIG_FILE))
+    except ConfigError as e:
+        raise CheckpointError(f"{directory}: {e}") from e
+    weights = _require(directory, WEIGHTS_FILE)
+    try:
+        with safe_open(str(weights), framework="pt"):
+            pass
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{weights} cannot be read: {e}") from e
+    _require(directory, TOKENIZER_FILE)
+    return config
 
 
 def load_model(

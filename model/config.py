@@ -126,12 +126,17 @@ class GPTConfig:
     def load(cls, path: str | Path) -> "GPTConfig":
         try:
             d = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path} is not valid JSON: {e}") from e
+        if not isinstance(d, dict):
+            raise ConfigError(f"{path} is not a JSON object")
         missing = [k for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head") if k not in d]
         if missing:
             raise ConfigError(f"{path} lacks required keys {missing}")
-        return cls.from_hf_dict(d)
+        try:
+            return cls.from_hf_dict(d)
+        except TypeError as e:  # a value of the wrong type, e.g. "n_embd": "256"
+            raise ConfigError(f"{path} has a value of the wrong type: {e}") from e
 
 
 # Named presets: the shapes this project trains.

@@ -110,6 +110,16 @@ class PagedKVCache:
     def blocks_for_memory(cls, config: GPTConfig, memory_bytes: int, block_size: int, dtype: torch.dtype) -> int:
         return memory_bytes // cls.bytes_per_block(config, block_size, dtype)
 
+    @classmethod
+    def check_holds_a_context(cls, config: GPTConfig, num_blocks: int, block_size: int, dtype: torch.dtype) -> None:
+        """A ValueError naming --kv-cache-memory when `num_blocks` cannot hold one context-long sequence."""
+        longest = -(-config.n_positions // block_size)
+        if num_blocks < longest:
+            per_block = cls.bytes_per_block(config, block_size, dtype)
+            raise ValueError(f"the KV cache holds {num_blocks} blocks of {block_size} tokens ({num_blocks * per_block} "
+                             f"bytes), fewer than one {config.n_positions}-token sequence needs ({longest} blocks, "
+                             f"{longest * per_block} bytes): raise --kv-cache-memory")
+
     @property
     def dtype(self) -> torch.dtype:
         return self.layers[0].dtype

@@ -1,4 +1,8 @@
-"""`python -m server` (console script `kvserve`): serve a checkpoint over HTTP with uvicorn."""
+"""`python -m server` (console script `kvserve`): serve a checkpoint over HTTP with uvicorn.
+
+Bad input ends the process at once, so that a supervisor sees it: a flag value that cannot work is a
+usage error (exit 2, before anything loads); a checkpoint that cannot be loaded is a start-up failure
+(exit 1, one line saying why; the traceback only with --log-level debug)."""
 from __future__ import annotations
 
 import argparse
@@ -38,9 +42,15 @@ def parse_bytes(text: str) -> int:
     return value
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+EXIT_USAGE, EXIT_STARTUP = 2, 1  # a bad flag value (argparse's status too); a checkpoint that does not load
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m server", description="Serve a checkpoint: TGI and OpenAI APIs.")
     ap.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
+    ap.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                    help="the model name(s) requests may ask for, as in vLLM; answers report the first "
+                         "(default: the checkpoint directory's name)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1...")
@@ -73,7 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="the shortest n-gram a draft is looked up by")
     spec.add_argument("--prompt-lookup-max", type=_at_least(int, 0), default=defaults.prompt_lookup_max,
                       help="the longest n-gram a draft is looked up by (tried first)")
-    ap.add_argument("--log-level", default="info")
+    ap.add_argument("--log-level", default="info", type=str.lower,
+                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     sec = ap.add_argument_group("security")
     sec.add_argument("--api-key", default=os.environ.get("KVSERVE_API_KEY") or None,
                      help="require 'Authorization: Bearer KEY' on every route but /health and the playground page "
@@ -100,12 +111,58 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      help="seconds a request may run, and the most parameters.timeout may ask (default: none)")
     lim.add_argument("--shutdown-grace", type=_at_least(float, 0, strict=False), default=30.0,
                      help="on SIGTERM, seconds requests in flight get to finish before they are ended")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+def usage_error(ap: argparse.ArgumentParser, message: str) -> int:
+    """As argparse reports a bad flag: the usage line, then the message; the status to exit with."""
+    ap.print_usage(sys.stderr)
+    print(f"{ap.prog}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def check_args(args: argparse.Namespace) -> tuple[str, str] | None:
+    """The flags, and the checkpoint's files without loading the weights (config.json, the weights file's
+    header): (kind, message) for the first problem, kind 'usage' (a flag) or 'startup' (the checkpoint)."""
+    from model.checkpoint import CheckpointError, inspect_checkpoint
+    from model.device import resolve_device, resolve_dtype
+    from model.kv_cache import PagedKVCache
+
+    try:
+        resolve_device(args.device)
+        dtype = resolve_dtype(args.dtype)
+    except ValueError as e:
+        return "usage", str(e)
+    missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (args.checkpoint / f).is_file()]
+    if missing:
+        return "usage", f"{args.checkpoint} is not a complete checkpoint (missing {', '.join(missing)})"
+    try:
+        model_config = inspect_checkpoint(args.checkpoint)
+    except CheckpointError as e:
+        return "startup", str(e)
+    try:
+        blocks = PagedKVCache.blocks_for_memory(model_config, args.kv_cache_memory, args.block_size, dtype)
+        PagedKVCache.check_holds_a_context(model_config, blocks, args.block_size, dtype)
+    except ValueError as e:
+        return "usage", str(e)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    import uvicorn  # imported here so `--help` stays fast
+    ap = parser()
+    args = ap.parse_args(argv)
+    problem = check_args(args)
+    if problem is not None:
+        kind, message = problem
+        if kind == "usage":
+            return usage_error(ap, message)
+        print(f"error: {message}", file=sys.stderr)
+        return EXIT_STARTUP
+    import uvicorn
 
     from model.device import resolve_device
     from server.api.app import GracefulServer, create_app
@@ -113,15 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     from server.engine import Engine, EngineArgs
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (args.checkpoint / f).is_file()]
-    if missing:
-        print(f"error: {args.checkpoint} is not a complete checkpoint (missing {', '.join(missing)})", file=sys.stderr)
-        return 2
-    try:
-        device = resolve_device(args.device)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    device = resolve_device(args.device)
     try:
         config = EngineConfig(max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
                               max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
@@ -130,22 +179,28 @@ def main(argv: list[str] | None = None) -> int:
                               num_speculative_tokens=args.num_speculative_tokens,
                               prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return usage_error(ap, str(e))
     engine_args = EngineArgs(checkpoint=args.checkpoint, device=str(device), dtype=args.dtype, config=config)
     limits = Limits(max_body_bytes=args.max_body_bytes, max_input_tokens=args.max_input_tokens,
                     max_new_tokens=args.max_new_tokens, max_stop_sequences=args.max_stop_sequences,
                     max_stop_length=args.max_stop_length, request_timeout=args.request_timeout, max_n=args.max_n,
                     max_best_of=args.max_best_of, max_logprobs=min(args.max_logprobs, 20), max_prompts=args.max_prompts)
-    app = create_app(lambda: Engine.from_args(engine_args), model_name=args.checkpoint.name, limits=limits,
-                     api_key=args.api_key, cors_origins=args.cors_origin,
-                     shutdown_grace=args.shutdown_grace)
+    failed: list[str] = []  # set by the loading thread when the engine does not load
+
+    def stop_on_load_failure(reason: str) -> None:
+        failed.append(reason)
+        server.should_exit = True
+
+    app = create_app(lambda: Engine.from_args(engine_args), model_name=args.served_model_name or args.checkpoint.name,
+                     limits=limits, api_key=args.api_key, cors_origins=args.cors_origin,
+                     shutdown_grace=args.shutdown_grace, on_load_failure=stop_on_load_failure)
     # uvicorn waits for open connections on shutdown; the engine ends its requests after the grace,
     # so this bound is only a backstop
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_grace + 10)
-    GracefulServer(config).run()
-    return 0
+    server = GracefulServer(config)
+    server.run()
+    return EXIT_STARTUP if failed else 0
 
 
 if __name__ == "__main__":

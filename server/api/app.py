@@ -18,31 +18,38 @@ from server.api.error_handlers import add_error_handlers
 from server.api.kv_routes import router as kv_router
 from server.api.limits import Limits
 from server.api.middleware import BearerAuth, BodySizeLimit
+from server.api.model_names import ServedNames
+from server.api.openapi_responses import with_event_schemas
 from server.api.playground import router as playground_router
-from server.api.routes import openai_router, service_router, tgi_router
+from server.api.routes import openai_router, service_router, tgi_router, tokenizer_router
 from server.api.state import AppState
 from server.api.engine_client import EngineClient
 
 
-def create_app(load_engine: Callable[[], EngineClient], *, model_name: str = "model", warmup: bool = True,
-               limits: Limits = Limits(), api_key: str | None = None, cors_origins: Sequence[str] = (),
-               shutdown_grace: float = 30.0, health: Callable[[], dict] | None = None,
+def create_app(load_engine: Callable[[], EngineClient], *, model_name: str | Sequence[str] = "model",
+               warmup: bool = True, limits: Limits = Limits(), api_key: str | None = None,
+               cors_origins: Sequence[str] = (), shutdown_grace: float = 30.0,
+               on_load_failure: Callable[[str], None] | None = None, health: Callable[[], dict] | None = None,
                extra_metrics: Callable[[], str] | None = None) -> FastAPI:
     """An app serving the engine that `load_engine` returns (called once, in a background thread): the
     local Engine, or the cluster's RayEngineClient (server/api/engine_client.py).
     With `api_key`, every route but /health and the playground page needs it as a Bearer token.
-    `cors_origins`: browser origins allowed to call the API (none by default). `health` adds its fields
-    to /health's answer and `extra_metrics` its text to /metrics (the cluster's replicas and router)."""
-    state = AppState(model_name, limits, shutdown_grace, health, extra_metrics)
+    `cors_origins`: browser origins allowed to call the API (none by default). `model_name`: the served
+    name, or several (--served-model-name), the first of which answers report. `on_load_failure(reason)`
+    is called if the engine does not load (the CLI exits); without it /health reports the reason.
+    `health` adds its fields to /health's answer and `extra_metrics` its text to /metrics (the cluster's
+    replicas and router)."""
+    state = AppState(ServedNames.of(model_name), limits, shutdown_grace, on_load_failure, health, extra_metrics)
     app = FastAPI(title="kvserve", description="TGI- and OpenAI-compatible text generation",
                   lifespan=_lifespan(state, load_engine, warmup))
     app.state.kvserve = state
     _add_guards(app, state, api_key, cors_origins)
     add_error_handlers(app, state.metrics)
-    for router in (service_router(state), tgi_router(state), openai_router(state)):
+    for router in (service_router(state), tgi_router(state), openai_router(state), tokenizer_router(state)):
         app.include_router(router)
     app.include_router(kv_router)  # GET /kv, /kv/stream: the KV-cache block pool
     app.include_router(playground_router)  # GET /: the browser playground
+    with_event_schemas(app)
     return app
 
 

@@ -14,6 +14,25 @@ class ChatTemplateError(ValueError):
     """The template raised, or could not be compiled."""
 
 
+class ContentError(ValueError):
+    """Message content this server cannot render: a part that is not text."""
+
+
+TEXT_PART_SEPARATOR = "\n"  # text parts of one message are joined by this, as vLLM does for string templates
+
+
+def text_content(content: str | list[dict] | None) -> str | None:
+    """A message's content as the template expects it, a string: OpenAI's list of parts becomes its text
+    parts joined by TEXT_PART_SEPARATOR. Raises ContentError naming any part of another type."""
+    if content is None or isinstance(content, str):
+        return content
+    others = sorted({part["type"] for part in content if part["type"] != "text"})
+    if others:
+        raise ContentError(f"content parts of type {', '.join(repr(t) for t in others)} are not supported: "
+                           "this server serves text only (parts of type 'text')")
+    return TEXT_PART_SEPARATOR.join(part["text"] for part in content)
+
+
 def _raise(message: str):
     raise ChatTemplateError(message)
 

@@ -1,5 +1,5 @@
-"""The two error shapes (TGI's on its routes, OpenAI's on /v1/, where OpenAI's clients read it) and
-`APIError`, the exception a route raises to answer one of them."""
+"""The two error shapes (TGI's on its routes; OpenAI's on /v1/ and vLLM's tokenizer routes, where OpenAI's
+clients read it) and `APIError`, the exception a route raises to answer one of them."""
 from __future__ import annotations
 
 from fastapi.responses import JSONResponse
@@ -7,8 +7,12 @@ from fastapi.responses import JSONResponse
 ERROR_STATUS = {"shutdown": 503, "timeout": 504}  # error_type of a failed generation -> status; else 500
 
 
+VLLM_ROUTES = ("/tokenize", "/detokenize", "/tokenizer_info")  # vLLM's, outside /v1/, answered as vLLM does
+
+
 def is_openai_path(path: str) -> bool:
-    return path.startswith("/v1/")
+    """OpenAI's routes and vLLM's tokenizer routes answer errors in OpenAI's shape."""
+    return path.startswith("/v1/") or path in VLLM_ROUTES
 
 
 def error_body(status: int, message: str, error_type: str, openai: bool) -> dict:

@@ -12,7 +12,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from server.api.errors import error_body, is_openai_path
 
 PUBLIC_PATHS = ("/health",)  # open without the key, for load balancers and orchestrators
-PUBLIC_PAGE = ("/", "/static/")  # the playground page and its files: no data in them; the API calls need the key
+PUBLIC_PAGE = ("/", "/favicon.ico")  # the playground page and its icon: no data in them; the API calls need the key
+PUBLIC_ASSETS = "/static/"  # the page's files
 DRAIN_LIMIT = 64 * 2**20  # bytes of a refused body read and dropped so that the 413 reaches the client
 
 
@@ -36,7 +37,7 @@ def _is_public(scope: Scope) -> bool:
     path, method = scope.get("path", ""), scope.get("method", "GET")
     if path in PUBLIC_PATHS:
         return True
-    return method in ("GET", "HEAD") and (path == PUBLIC_PAGE[0] or path.startswith(PUBLIC_PAGE[1]))
+    return method in ("GET", "HEAD") and (path in PUBLIC_PAGE or path.startswith(PUBLIC_ASSETS))
 
 
 class BearerAuth:

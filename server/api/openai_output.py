@@ -8,6 +8,11 @@ from server.engine import FINISH_EOS, FINISH_STOP, TokenOutput
 OPENAI_FINISH = {"length": "length", FINISH_EOS: "stop", FINISH_STOP: "stop"}
 
 
+def usage_so_far(prompt_tokens: int, generated: int) -> Usage:
+    """One choice's usage in the middle of its stream (vLLM's continuous_usage_stats)."""
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=generated, total_tokens=prompt_tokens + generated)
+
+
 def usage_of(prompts: list[list[int]], choices: list[list[TokenOutput]], copies: int) -> Usage:
     """Prompt tokens once per prompt (with what its first copy found in the prefix cache), and every
     returned choice's generated tokens."""

@@ -10,7 +10,8 @@ from fastapi.responses import FileResponse
 
 STATIC_DIR = Path(__file__).parent / "static"
 PAGE_ASSETS = {name: "text/javascript" for name in ("app.js", "api.js", "sse.js", "attention.js", "tabs.js", "race.js",
-                                                    "itl_chart.js", "kvmap.js", "demo.js")} | {"style.css": "text/css"}
+                                                    "itl_chart.js", "kvmap.js", "demo.js")} | {"style.css": "text/css",
+                                                                                              "favicon.svg": "image/svg+xml"}
 NO_CACHE = {"Cache-Control": "no-cache"}  # a new server version is picked up on reload
 
 router = APIRouter(include_in_schema=False)
@@ -19,6 +20,13 @@ router = APIRouter(include_in_schema=False)
 @router.get("/")
 async def playground_page() -> FileResponse:
     return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=NO_CACHE)
+
+
+@router.get("/favicon.ico")
+async def favicon() -> FileResponse:
+    """Browsers ask for it on every page (the API docs' too): the page's icon, which they render as SVG."""
+    return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml",
+                        headers={"Cache-Control": "public, max-age=86400"})
 
 
 @router.get("/static/{name}")

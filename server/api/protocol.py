@@ -1,5 +1,5 @@
-"""Request and response schemas: Hugging Face TGI's (`/generate`, `/generate_stream`, `/`) and OpenAI's
-completions (`/v1/completions`, `/v1/models`). Routes live in `server.api.app`, the logic in `server.api.serving`.
+"""Request and response schemas: Hugging Face TGI's (`/generate`, `/generate_stream`, `/`) and what the
+other families share. Routes live in `server.api.routes`, the logic in `server.api.serving_*`.
 
 Unknown fields are refused (422) rather than ignored. Fields TGI or OpenAI define that this server does
 not implement are accepted only at their neutral value, so a client sending defaults works.
@@ -10,14 +10,35 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+
+def _whole_numbers(value: Any) -> Any:
+    """JSON Schema counts 254.0 as an integer: whole floats become ints, which strict mode takes for an
+    integer field (and for a number field, as the same value); 254.5 stays refused where an integer is due."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(v) for v in value]
+    return value
 NonEmptyStr = Annotated[str, Field(min_length=1)]
-TIMEOUT_DOC = "our extension: seconds before the request is cut short (error_type timeout), at most --request-timeout"
+MIN_TIMEOUT_S = 1.0  # a shorter deadline than this is a mistake (5e-324 once gave a 504), not a request
+TIMEOUT_DOC = (f"our extension: seconds before the request is cut short (a 504, or an error event of type timeout), "
+               f"at least {MIN_TIMEOUT_S:g}, at most --request-timeout")
 CACHE_SALT_DOC = ("vLLM's extension: prefix-cache hits only among requests with the same salt (isolates "
                   "tenants, or measures the cache without prefix reuse)")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    """Request bodies: unknown fields refused, and no coercion, so a value is taken only in the type the
+    schema names ("stream": 0 is not a boolean, "n": "2" not an integer)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integers_as_json_schema_counts_them(cls, data: Any) -> Any:
+        return _whole_numbers(data)
 
 
 def _refuse_unsupported(model: BaseModel, neutral: dict[str, tuple]) -> None:
@@ -28,6 +49,8 @@ def _refuse_unsupported(model: BaseModel, neutral: dict[str, tuple]) -> None:
 
 
 # ---- TGI ----------------------------------------------------------------------------------------
+
+NEUTRAL = {"typical_p": (None, 1.0), "watermark": (False,), "grammar": (None,), "adapter_id": (None,)}
 
 
 class GenerateParameters(Strict):
@@ -48,7 +71,7 @@ class GenerateParameters(Strict):
     return_attention: bool = Field(False, description="our extension: attention weights of the first generated "
                                    "tokens in details.attention (turns details on)")
     ignore_eos: bool = Field(False, description="our extension (vLLM's): generate max_new_tokens whatever comes")
-    timeout: float | None = Field(None, gt=0, description=TIMEOUT_DOC)
+    timeout: float | None = Field(None, ge=MIN_TIMEOUT_S, description=TIMEOUT_DOC)
     cache_salt: NonEmptyStr | None = Field(None, description=CACHE_SALT_DOC)
     best_of: int | None = Field(None, ge=1, description="sample this many and return the likeliest (needs sampling; "
                                 "at most --max-best-of)")
@@ -57,16 +80,15 @@ class GenerateParameters(Strict):
                                      "in details.top_tokens (at most --max-logprobs)")
     frequency_penalty: float | None = Field(None, ge=-2, le=2, description="minus this times the number of times a "
                                             "token was generated, from its logit (OpenAI's definition)")
-    # TGI fields accepted at their neutral value only
-    typical_p: float | None = None
-    watermark: bool = False
-    grammar: Any = None
-    adapter_id: str | None = None
+    # TGI fields accepted at their neutral value only (the schema lists it: enum)
+    typical_p: float | None = Field(None, json_schema_extra={"enum": list(NEUTRAL["typical_p"])})
+    watermark: bool = Field(False, json_schema_extra={"enum": list(NEUTRAL["watermark"])})
+    grammar: Any = Field(None, json_schema_extra={"enum": list(NEUTRAL["grammar"])})
+    adapter_id: str | None = Field(None, json_schema_extra={"enum": list(NEUTRAL["adapter_id"])})
 
     @model_validator(mode="after")
     def _neutral_only(self) -> "GenerateParameters":
-        _refuse_unsupported(self, {"typical_p": (None, 1.0), "watermark": (False,),
-                                   "grammar": (None,), "adapter_id": (None,)})
+        _refuse_unsupported(self, NEUTRAL)
         return self
 
 
@@ -161,5 +183,14 @@ class StreamResponse(BaseModel):
 
 
 class ErrorResponse(BaseModel):
+    """TGI's error shape, on its routes and /health, /info, /metrics."""
+
     error: str
-    error_type: str
+    error_type: str  # validation, overloaded, unavailable, timeout, unauthorized, payload_too_large, ...
+
+
+class HealthResponse(BaseModel):
+    """{"status": "ok"}, and under `python -m server.cluster` the replicas' counts beside it."""
+
+    model_config = ConfigDict(extra="allow")
+    status: Literal["ok"]

@@ -6,13 +6,19 @@ best_of, logprobs) are checked by the serving code, which names the flag.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from server.api.protocol import CACHE_SALT_DOC, TIMEOUT_DOC, NonEmptyStr, Strict, _refuse_unsupported
+from server.api.protocol import CACHE_SALT_DOC, MIN_TIMEOUT_S, TIMEOUT_DOC, NonEmptyStr, Strict, _refuse_unsupported
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
+class StreamOptions(Strict):
+    include_usage: bool = Field(False, description="a last chunk with the request's usage, before [DONE]")
+    continuous_usage_stats: bool = Field(False, description="vLLM's: with include_usage, every chunk also carries "
+                                         "the usage so far of its choice (its prompt and tokens generated so far)")
 
 
 class SamplingFields(Strict):
@@ -25,7 +31,7 @@ class SamplingFields(Strict):
     stop: NonEmptyStr | list[NonEmptyStr] | None = Field(None, description="at most --max-stop-sequences (4)")
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
@@ -37,7 +43,7 @@ class SamplingFields(Strict):
     use_cache: bool = True
     speculative: bool = True  # false opts out of speculative decoding (the output is the same either way)
     ignore_eos: bool = False
-    timeout: float | None = Field(None, gt=0, description=TIMEOUT_DOC)
+    timeout: float | None = Field(None, ge=MIN_TIMEOUT_S, description=TIMEOUT_DOC)
     cache_salt: NonEmptyStr | None = Field(None, description=CACHE_SALT_DOC)
 
     @property
@@ -46,7 +52,20 @@ class SamplingFields(Strict):
 
     @property
     def include_usage(self) -> bool:
-        return bool((self.stream_options or {}).get("include_usage"))
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage in every chunk: vLLM's continuous_usage_stats, which takes effect with include_usage."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
+
+    @model_validator(mode="after")
+    def _stream_options_need_usage(self) -> "SamplingFields":
+        if self.stream_options is not None and self.stream_options.continuous_usage_stats and \
+                not self.stream_options.include_usage:
+            raise ValueError("stream_options.continuous_usage_stats needs stream_options.include_usage: true "
+                             "(as in vLLM, where it is otherwise ignored)")
+        return self
 
 
 class CompletionRequest(SamplingFields):
@@ -58,7 +77,7 @@ class CompletionRequest(SamplingFields):
                                  "--max-logprobs); 0: each token's own logprob only")
     best_of: int | None = Field(None, ge=1, description="generate this many per prompt and return the n likeliest "
                                 "(at most --max-best-of; not with stream)")
-    suffix: str | None = None  # accepted at its neutral value only
+    suffix: str | None = Field(None, json_schema_extra={"enum": [None, ""]})  # accepted at its neutral value only
 
     @model_validator(mode="after")
     def _checks(self) -> "CompletionRequest":
@@ -125,9 +144,25 @@ class CompletionResponse(BaseModel):
 # ---- chat completions ---------------------------------------------------------------------------
 
 
+class ContentPart(BaseModel):
+    """One part of a message's content, in OpenAI's list form. Only text parts are served; a part of
+    another type (image_url, input_audio, file...) is answered 400, naming the type."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: NonEmptyStr = Field(description="'text'; other types are refused with a 400 that names them")
+    text: str | None = Field(None, description="the text of a 'text' part")
+
+    @model_validator(mode="after")
+    def _text_has_text(self) -> "ContentPart":
+        if self.type == "text" and self.text is None:
+            raise ValueError("a content part of type 'text' needs a 'text' string")
+        return self
+
+
 class ChatMessage(Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | None = ""
+    content: str | list[ContentPart] | None = Field(
+        "", description="a string, or a list of parts of which only text parts are served (joined by newlines)")
     name: str | None = None
 
 

@@ -11,23 +11,25 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from model.sampling import SamplingParams
-from server.api.chat_template import ChatTemplateError, render
+from server.api.chat_template import ChatTemplateError, ContentError, render, text_content
 from server.api.metrics import Metrics
-from server.api.protocol_openai import (ChatChoice, ChatChoiceLogprobs, ChatChunkChoice, ChatCompletionChunk,
-                                        ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatLogprob,
-                                        ChatResponseMessage, ChatTokenLogprob)
 from server.api.encoding import encode
 from server.api.errors import APIError
 from server.api.generation import Generation, tokens_of
 from server.api.limits import Limits
-from server.api.openai_output import OPENAI_FINISH, usage_of
+from server.api.model_names import ServedNames
+from server.api.openai_output import OPENAI_FINISH, usage_of, usage_so_far
 from server.api.params import logit_bias_of, sampling_params
+from server.api.protocol_openai import (ChatChoice, ChatChoiceLogprobs, ChatChunkChoice, ChatCompletionChunk,
+                                        ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatLogprob,
+                                        ChatMessage, ChatResponseMessage, ChatTokenLogprob)
 from server.api.seeds import copies_of, seed_for
 from server.api.sse import error_event, sse, sse_response
 from server.engine import FINISH_ERROR, Engine, TokenOutput
 
 
-def chat_prompt(engine: Engine, body: ChatCompletionRequest, model_name: str) -> str:
+def chat_prompt(engine: Engine, messages: list[ChatMessage], add_generation_prompt: bool, model_name: str) -> str:
+    """The messages rendered through the checkpoint's chat template (a 400 without one, as vLLM)."""
     template = engine.tokenizer.chat_template
     if template is None:
         raise APIError(400, f"the model {model_name!r} has no chat template (chat_template in its "
@@ -35,9 +37,14 @@ def chat_prompt(engine: Engine, body: ChatCompletionRequest, model_name: str) ->
                        "send the text to /v1/completions instead", "invalid_request")
     eos = engine.tokenizer.decode([engine.tokenizer.eos_token_id]) if engine.tokenizer.eos_token_id is not None else ""
     try:
-        return render(template, [m.model_dump(exclude_none=True) for m in body.messages],
-                      add_generation_prompt=body.add_generation_prompt, eos_token=eos)
-    except ChatTemplateError as e:
+        rendered = []
+        for message in messages:
+            fields = message.model_dump(exclude_none=True)
+            if "content" in fields:
+                fields["content"] = text_content(fields["content"])
+            rendered.append(fields)
+        return render(template, rendered, add_generation_prompt=add_generation_prompt, eos_token=eos)
+    except (ChatTemplateError, ContentError) as e:
         raise APIError(400, str(e), "invalid_request") from e
 
 
@@ -68,17 +75,16 @@ def _logprobs(engine: Engine, outs: list[TokenOutput], top: int) -> ChatChoiceLo
 
 
 async def chat_completion(request: Request, body: ChatCompletionRequest, engine: Engine, metrics: Metrics,
-                          limits: Limits, model_name: str):
-    if body.model not in (None, model_name):
-        raise APIError(404, f"model {body.model!r} does not exist; this server serves {model_name!r}", "not_found")
+                          limits: Limits, names: ServedNames):
+    names.check(body.model)
     limits.check_stop(body.stop_list, "stop")
-    prompt_ids = await encode(engine, chat_prompt(engine, body, model_name))
+    prompt_ids = await encode(engine, chat_prompt(engine, body.messages, body.add_generation_prompt, names.primary))
     limits.check_prompt(len(prompt_ids))
     params = chat_params(body, engine, limits, len(prompt_ids))
     gen = Generation(engine, metrics, [prompt_ids], copies_of(params, body.n), body.use_cache,
                      timeout=limits.deadline(body.timeout), max_tokens_field="max_tokens", cache_salt=body.cache_salt,
                      speculative=body.speculative)
-    head = dict(id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=model_name)
+    head = dict(id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=names.primary)
     if body.stream:
         return sse_response(_chat_events(engine, gen.events(request), head, body, prompt_ids), gen.cancel)
     outs = await gen.collect(request)
@@ -91,14 +97,18 @@ async def chat_completion(request: Request, body: ChatCompletionRequest, engine:
 
 async def _chat_events(engine: Engine, events: AsyncIterator[tuple[int, TokenOutput]], head: dict,
                        body: ChatCompletionRequest, prompt_ids: list[int]) -> AsyncIterator[str]:
-    def chunk(**choice) -> str:
-        return sse(ChatCompletionChunk(**head, choices=[ChatChunkChoice(**choice)]).model_dump_json(
-            exclude={"usage"}))
+    generated = [0] * body.n
+
+    def chunk(**choice) -> str:  # with continuous_usage_stats, the choice's usage so far
+        usage = usage_so_far(len(prompt_ids), generated[choice["index"]]) if body.continuous_usage else None
+        return sse(ChatCompletionChunk(**head, choices=[ChatChunkChoice(**choice)], usage=usage).model_dump_json(
+            exclude=None if usage else {"usage"}))
 
     started = [False] * body.n
     choices: list[list[TokenOutput]] = [[] for _ in range(body.n)]
     async for k, out in events:
         choices[k].append(out)
+        generated[k] += out.token_id is not None
         if out.token_id is None:
             if out.finish_reason == FINISH_ERROR:
                 yield error_event(out, openai=True)

@@ -17,9 +17,11 @@ from server.api.encoding import encode
 from server.api.errors import APIError
 from server.api.generation import Generation, tokens_of
 from server.api.limits import Limits
-from server.api.openai_output import OPENAI_FINISH, usage_of
+from server.api.model_names import ServedNames
+from server.api.openai_output import OPENAI_FINISH, usage_of, usage_so_far
 from server.api.params import logit_bias_of, sampling_params
-from server.api.protocol_openai import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
+from server.api.protocol_openai import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
+                                        Usage)
 from server.api.seeds import copies_of, seed_for
 from server.api.sse import error_event, sse_response
 from server.engine import FINISH_ERROR, Engine, TokenOutput
@@ -53,9 +55,11 @@ async def prompt_ids_of(engine: Engine, prompts: list[str | list[int]], limits: 
 
 
 class LogprobsBuilder:
-    """A choice's `logprobs`: each token's text, logprob, top alternatives and offset into the text."""
+    """A choice's `logprobs`: each token's text, logprob, top alternatives and offset into the text.
+    `top` is the request's `logprobs`: None gives no top_logprobs; 0 gives each token's own entry only,
+    as vLLM does; k gives the k likeliest and the chosen token."""
 
-    def __init__(self, engine: Engine, top: int) -> None:
+    def __init__(self, engine: Engine, top: int | None) -> None:
         self.decode, self.top = engine.tokenizer.decode, top
 
     def prompt(self, prompt_ids: list[int], first: TokenOutput | None) -> CompletionLogprobs:
@@ -63,25 +67,24 @@ class LogprobsBuilder:
         scored = {e.position: e for e in (first.prompt_logprobs or [])} if first is not None else {}
         tokens = [self.decode([t]) for t in prompt_ids]
         logprobs = [scored[i].logprob if i in scored else None for i in range(len(prompt_ids))]
-        top = [self._top(scored[i].top, prompt_ids[i], scored[i].logprob) if i in scored and self.top else None
+        top = [self._top(scored[i].top, prompt_ids[i], scored[i].logprob) if i in scored else None
                for i in range(len(prompt_ids))]
-        return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=top if self.top else None,
+        return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs,
+                                  top_logprobs=None if self.top is None else top,
                                   text_offset=_offsets(tokens, 0))
 
     def generated(self, outs: list[TokenOutput], offset: int) -> CompletionLogprobs:
         tokens = [o.text for o in outs]
         return CompletionLogprobs(tokens=tokens, token_logprobs=[o.logprob for o in outs],
-                                  top_logprobs=[self._top(o.top_logprobs, o.token_id, o.logprob) for o in outs]
-                                  if self.top else None,
+                                  top_logprobs=None if self.top is None else
+                                  [self._top(o.top_logprobs, o.token_id, o.logprob) for o in outs],
                                   text_offset=_offsets(tokens, offset))
 
-    def _top(self, pairs, chosen: int, chosen_logprob: float) -> dict[str, float] | None:
+    def _top(self, pairs, chosen: int, chosen_logprob: float) -> dict[str, float]:
         """The likeliest alternatives and, as OpenAI gives it, the chosen token too when it is not among
-        them: up to `logprobs` + 1 entries."""
-        if pairs is None:
-            return None
+        them: up to `logprobs` + 1 entries (with logprobs 0, the chosen token's alone)."""
         out: dict[str, float] = {}
-        for token, logprob in [*pairs, (chosen, chosen_logprob)]:
+        for token, logprob in [*(pairs or ()), (chosen, chosen_logprob)]:
             out.setdefault(self.decode([token]), logprob)  # two ids may decode alike: the likelier stays
         return out
 
@@ -104,9 +107,8 @@ def _join(a: CompletionLogprobs | None, b: CompletionLogprobs) -> CompletionLogp
 
 
 async def openai_completion(request: Request, body: CompletionRequest, engine: Engine, metrics: Metrics,
-                            limits: Limits, model_name: str):
-    if body.model not in (None, model_name):
-        raise APIError(404, f"model {body.model!r} does not exist; this server serves {model_name!r}", "not_found")
+                            limits: Limits, names: ServedNames):
+    names.check(body.model)
     limits.check_stop(body.stop_list, "stop")
     prompts = await prompt_ids_of(engine, body.prompts, limits)
     params = completion_params(body, engine, limits)
@@ -114,8 +116,8 @@ async def openai_completion(request: Request, body: CompletionRequest, engine: E
     gen = Generation(engine, metrics, prompts, copies_of(params, copies), body.use_cache,
                      timeout=limits.deadline(body.timeout), max_tokens_field="max_tokens", cache_salt=body.cache_salt,
                      speculative=body.speculative)
-    head = CompletionResponse(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=model_name, choices=[])
-    builder = LogprobsBuilder(engine, body.logprobs or 0)
+    head = CompletionResponse(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=names.primary, choices=[])
+    builder = LogprobsBuilder(engine, body.logprobs)
     texts = [engine.tokenizer.decode(p) if isinstance(raw, list) else raw for p, raw in zip(prompts, body.prompts)]
     if body.stream:
         events = _completion_events(gen.events(request), head, body, prompts, texts, builder, gen)
@@ -146,21 +148,29 @@ class ChunkEncoder:
     def __init__(self, head: CompletionResponse) -> None:
         self._prefix = "data: " + head.model_dump_json(exclude={"usage", "choices"})[:-1] + ',"choices":['
 
-    def __call__(self, choice: CompletionChoice) -> str:
+    def __call__(self, choice: CompletionChoice, usage: Usage | None = None) -> str:
         logprobs = "null" if choice.logprobs is None else choice.logprobs.model_dump_json()
+        usage_part = "" if usage is None else f',"usage":{usage.model_dump_json()}'
         return (f'{self._prefix}{{"index":{choice.index},"text":{json.dumps(choice.text, ensure_ascii=False)},'
-                f'"logprobs":{logprobs},"finish_reason":{json.dumps(choice.finish_reason)}}}]}}\n\n')
+                f'"logprobs":{logprobs},"finish_reason":{json.dumps(choice.finish_reason)}}}]{usage_part}}}\n\n')
 
 
 async def _completion_events(events: AsyncIterator[tuple[int, TokenOutput]], head: CompletionResponse,
                              body: CompletionRequest, prompts: list[list[int]], texts: list[str],
                              builder: LogprobsBuilder, gen: Generation) -> AsyncIterator[str]:
-    chunk, n = ChunkEncoder(head), body.n
+    encode_chunk, n = ChunkEncoder(head), body.n
     offsets = [len(texts[k // n]) if body.echo else 0 for k in range(len(prompts) * n)]
     echoed = [False] * len(offsets)
     choices: list[list[TokenOutput]] = [[] for _ in offsets]
+    generated = [0] * len(offsets)
+
+    def chunk(choice: CompletionChoice) -> str:  # with continuous_usage_stats, the choice's usage so far
+        k = choice.index
+        return encode_chunk(choice, usage_so_far(len(prompts[k // n]), generated[k]) if body.continuous_usage else None)
+
     async for k, out in events:
         choices[k].append(out)
+        generated[k] += out.token_id is not None
         if out.token_id is None and out.finish_reason == FINISH_ERROR:
             yield error_event(out, openai=True)
             yield "data: [DONE]\n\n"

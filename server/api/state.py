@@ -10,22 +10,28 @@ from collections.abc import Callable
 from server.api.errors import APIError
 from server.api.limits import Limits
 from server.api.metrics import Metrics
+from server.api.model_names import ServedNames
 from server.api.engine_client import EngineClient
 
 log = logging.getLogger("kvserve.app")
 
 
 class AppState:
-    def __init__(self, model_name: str, limits: Limits, shutdown_grace: float,
-                 health: Callable[[], dict] | None = None, extra_metrics: Callable[[], str] | None = None) -> None:
-        self.model_name, self.limits, self.shutdown_grace = model_name, limits, shutdown_grace
+    def __init__(self, names: ServedNames, limits: Limits, shutdown_grace: float,
+                 on_load_failure: Callable[[str], None] | None = None, health: Callable[[], dict] | None = None,
+                 extra_metrics: Callable[[], str] | None = None) -> None:
+        """`on_load_failure(reason)`: called when the engine does not load (the CLI exits); without it the
+        app stays up and /health reports the reason."""
+        self.names, self.limits, self.shutdown_grace = names, limits, shutdown_grace
+        self.on_load_failure = on_load_failure
         self.health = health or dict  # more fields for /health's answer
         self.extra_metrics = extra_metrics or str  # more text for /metrics
+        self.model_name = names.primary  # what answers and metrics call the model
         self.engine: EngineClient | None = None  # set once loaded and warm
         self.load_error: str | None = None
         self.shutting_down = False
         self.created = int(time.time())
-        self.metrics = Metrics(model_name)
+        self.metrics = Metrics(self.model_name)
 
     def begin_shutdown(self) -> None:
         """From now on /health and new requests answer 503; requests in flight get `shutdown_grace`
@@ -49,9 +55,12 @@ class AppState:
             engine = load_engine().start()
             if warmup:
                 engine.warmup()
-        except Exception as e:  # noqa: BLE001 - reported by /health, the process stays up to say so
-            log.exception("loading the engine failed")
+        except Exception as e:  # noqa: BLE001 - reported by /health, or on_load_failure ends the process
             self.load_error = f"{type(e).__name__}: {e}"
+            # one line; the traceback only when debugging
+            log.error("loading the engine failed: %s", self.load_error, exc_info=log.isEnabledFor(logging.DEBUG))
+            if self.on_load_failure is not None:
+                self.on_load_failure(self.load_error)
             return
         # What loading left lives as long as the process: frozen out of the collector's way, so that a full
         # collection while serving (it holds every thread, the engine's too) scans only what came since

@@ -72,7 +72,7 @@ class LiveServer:
 def serve(checkpoint, app_kw: dict | None = None, **engine_kw) -> LiveServer:
     """`app_kw` goes to create_app (limits, api_key...), the rest to EngineConfig."""
     args = EngineArgs(checkpoint=checkpoint, device=TEST_DEVICE, config=EngineConfig(threads=1, **engine_kw))
-    return LiveServer(create_app(lambda: Engine.from_args(args), model_name="tiny", **(app_kw or {}))).start()
+    return LiveServer(create_app(lambda: Engine.from_args(args), **{"model_name": "tiny", **(app_kw or {})})).start()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,40 @@
+"""vLLM's tokenizer routes: text or chat messages to token ids, ids back to text, and the tokenizer's
+special tokens and chat template, so that a client needs no copy of the tokenizer."""
+from __future__ import annotations
+
+from model.tokenizer import TokenizerError
+from server.api.encoding import encode
+from server.api.errors import APIError
+from server.api.model_names import ServedNames
+from server.api.protocol_tokenize import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
+                                          TokenizerInfo)
+from server.api.serving_chat import chat_prompt
+from server.engine import Engine
+
+TOKENIZER_CLASS = "GPT2Tokenizer"  # the class transformers' AutoTokenizer loads a gpt2 checkpoint's tokenizer.json as
+
+
+async def tokenize(body: TokenizeRequest, engine: Engine, names: ServedNames) -> TokenizeResponse:
+    names.check(body.model)
+    text = body.prompt if body.messages is None else chat_prompt(engine, body.messages, body.add_generation_prompt,
+                                                                  names.primary)
+    ids = await encode(engine, text)
+    strs = [engine.tokenizer.hf.id_to_token(t) for t in ids] if body.return_token_strs else None
+    return TokenizeResponse(count=len(ids), max_model_len=engine.context_length, tokens=ids, token_strs=strs)
+
+
+def detokenize(body: DetokenizeRequest, engine: Engine, names: ServedNames) -> DetokenizeResponse:
+    names.check(body.model)
+    try:
+        return DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens))
+    except TokenizerError as e:
+        raise APIError(422, f"tokens: {e}", "validation") from e
+
+
+def tokenizer_info(engine: Engine) -> TokenizerInfo:
+    tok, config = engine.tokenizer, engine.model_config
+    eos = tok.decode([tok.eos_token_id]) if tok.eos_token_id is not None else None
+    bos = tok.decode([config.bos_token_id]) if 0 <= config.bos_token_id < tok.vocab_size else None
+    return TokenizerInfo(tokenizer_class=TOKENIZER_CLASS, vocab_size=tok.vocab_size,
+                         model_max_length=engine.context_length, eos_token=eos, bos_token=bos,
+                         chat_template=tok.chat_template)
