@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from server.api.errors import APIError
+from server.api.openapi_responses import EVENT_STREAM, EventStreamResponse, json_events
 from server.api.sse import SSE_HEADERS
 from server.engine import Engine, EngineStoppedError
 from server.engine.kv_view import KVSnapshot, kv_snapshot
@@ -128,7 +129,8 @@ async def kv(request: Request) -> KVSnapshot:
     return await take_snapshot(request.app.state.kvserve.ready_engine())
 
 
-@router.get("/kv/stream")
+@router.get("/kv/stream", response_class=EventStreamResponse,
+            responses={200: {"content": {EVENT_STREAM: {"schema": json_events(KVSnapshot)}}}})
 async def kv_stream(request: Request) -> StreamingResponse:
     """Snapshots as Server-Sent Events: the current one at once, then each change, at most one per
     KV_STREAM_PERIOD; the stream ends after KV_STREAM_MAX_S or when the server shuts down."""

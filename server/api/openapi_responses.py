@@ -74,6 +74,12 @@ def _json_data(*models: type[BaseModel]) -> dict[str, Any]:
             "contentSchema": {"anyOf": [_ref(m) for m in models]}}
 
 
+def json_events(event: type[BaseModel]) -> dict[str, Any]:
+    """The schema of one Server-Sent Event whose `data` is an `event` as JSON (OpenAPI 3.1 reads a stream's
+    schema as one event's)."""
+    return {"type": "object", "required": ["data"], "properties": {"data": _json_data(event)}}
+
+
 def event_stream(event: type[BaseModel], openai: bool, also_json: type[BaseModel] | None = None
                  ) -> dict[int | str, dict[str, Any]]:
     """A 200 that is a stream of Server-Sent Events, each `data:` one `event` (or, last, an error in the
