@@ -16,7 +16,8 @@ import statistics
 
 from bench.common import base_parser, machine_info, write_result
 from bench.serving import running_server
-from loadtest.client import LoadTestConfig, load_prompts, run_load_test
+from loadtest.client import LoadTestConfig, run_load_test
+from loadtest.prompts import load_prompts
 
 
 def _summary(run: dict) -> dict:

@@ -210,7 +210,7 @@ def test_unreachable_server_is_reported_not_retried(tiny_checkpoint):
 
 
 def test_tenants_give_each_prompt_one_of_k_shared_prefixes(tiny_checkpoint):
-    from loadtest.client import load_prompts
+    from loadtest.prompts import load_prompts
     prompts, note = load_prompts(24, 8, None, str(tiny_checkpoint), tenants=3, shared_prefix_tokens=30)
     heads = {p.split("\n", 1)[0] for p in prompts}
     assert len(heads) == 3 and note["tenants"] == 3, heads
