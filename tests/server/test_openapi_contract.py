@@ -28,8 +28,8 @@ KNOWN_REFUSALS = [
     (r"\(--max-[a-z-]+\)", "a limit set by a server flag (--max-n, --max-logprobs, --max-prompts, ...)"),
     (r"has no chat template|the chat template failed", "the checkpoint's chat template (none, or it raised)"),
     (r"content parts of type", "a chat content part that is not text (a 400 naming it, by design)"),
-    (r"best_of > 1 needs sampling|best_of .* must be at least n|cannot be streamed|max_tokens 0 needs echo",
-     "a rule between two fields"),
+    (r"best_of > 1 needs sampling|best_of .* must be at least n|cannot be streamed|max_tokens 0 needs echo|"
+     r"continuous_usage_stats needs", "a rule between two fields"),
 ]
 
 
