@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from server.engine import FINISH_EOS, FINISH_STOP, RequestStats, TokenOutput
+from server.engine.step_stats import HistogramSnapshot, StepStatsSnapshot
 
 PREFIX = "kvserve:"
 # vLLM's buckets, with sub-millisecond ones added: a small model on a GPU is that fast.
@@ -48,6 +49,37 @@ class EngineCounters:
             for position, count in enumerate(per_position):
                 family.add_metric([self.model_name, str(position)], count)
             yield family
+
+
+class StepCollector:
+    """The engine's step histograms (its own buckets) and the step budget in force, read at scrape time."""
+
+    def __init__(self, model_name: str, read: Callable[[], StepStatsSnapshot]) -> None:
+        self.model_name, self.read = model_name, read
+
+    def _histogram(self, name: str, doc: str, h: HistogramSnapshot, labels: dict[str, str]) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(PREFIX + name, doc, labels=["model_name", *labels])
+        family.add_metric([self.model_name, *labels.values()], h.cumulative(), h.total)
+        return family
+
+    def collect(self):
+        snap = self.read()
+        yield self._histogram("step_duration_seconds", "Wall time of one engine step (forward and sampling).",
+                              snap.step_seconds, {})
+        tokens = HistogramMetricFamily(PREFIX + "step_tokens", "Tokens one engine step computed, by kind: decode "
+                                       "(one a running request) or prompt (prompt chunks, recomputes).",
+                                       labels=["model_name", "kind"])
+        for kind, h in (("decode", snap.decode_tokens), ("prompt", snap.prompt_tokens)):
+            tokens.add_metric([self.model_name, kind], h.cumulative(), h.total)
+        yield tokens
+        target = GaugeMetricFamily(PREFIX + "step_budget_target_seconds", "The step time target in force "
+                                   "(--target-step-ms); 0 when there is none.", labels=["model_name"])
+        target.add_metric([self.model_name], snap.target_step_s or 0.0)
+        yield target
+        allowance = GaugeMetricFamily(PREFIX + "step_budget_prompt_tokens", "Prompt tokens the latest step was "
+                                      "allowed.", labels=["model_name"])
+        allowance.add_metric([self.model_name], snap.prompt_allowance)
+        yield allowance
 
 
 class Metrics:
@@ -95,6 +127,10 @@ class Metrics:
         self.waiting.labels(self.model_name).set_function(waiting)
         self.kv_usage.labels(self.model_name).set_function(kv_usage)
         self.registry.register(EngineCounters(self.model_name, counters))
+
+    def bind_steps(self, read: Callable[[], StepStatsSnapshot]) -> None:
+        """The engine's step histograms and budget, read when scraped."""
+        self.registry.register(StepCollector(self.model_name, read))
 
     def on_rejected(self, reason: str) -> None:
         """reason: queue_full, shutting_down, unauthorized, body_too_large, validation, prompt_too_long,
