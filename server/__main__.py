@@ -62,7 +62,12 @@ def parser() -> argparse.ArgumentParser:
     eng.add_argument("--max-waiting", type=_at_least(int, 0, strict=False), default=defaults.max_waiting,
                      help="requests queued beyond those running; past that, 429")
     eng.add_argument("--max-num-batched-tokens", type=_at_least(int, 0), default=defaults.max_num_batched_tokens,
-                     help="tokens one step computes: every decode row, then prompt chunks up to this budget")
+                     help="tokens one step computes: every decode row, then prompt chunks up to this budget "
+                          "(a hard cap, with or without --target-step-ms)")
+    eng.add_argument("--target-step-ms", type=_at_least(float, 0), default=defaults.target_step_ms,
+                     help="size prompt chunks so that a step with decode rows takes about this long, from a cost "
+                          "per token measured at warm-up and corrected as the server runs (default: off, the "
+                          "token cap alone)")
     eng.add_argument("--kv-cache-memory", type=parse_bytes, default=defaults.kv_cache_memory,
                      help="bytes of KV cache for all layers (e.g. 128MiB, 1GB); sets the number of blocks")
     eng.add_argument("--block-size", type=_at_least(int, 0), default=defaults.block_size,
@@ -173,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(args.device)
     try:
         config = EngineConfig(max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
-                              max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+                              max_num_batched_tokens=args.max_num_batched_tokens,
+                              target_step_ms=args.target_step_ms, block_size=args.block_size,
                               kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.prefix_caching,
                               threads=args.threads, kernels=args.kernels, speculative=args.speculative,
                               num_speculative_tokens=args.num_speculative_tokens,

@@ -69,5 +69,8 @@ class AppState:
         gc.freeze()
         self.metrics.bind(lambda: engine.num_running, lambda: engine.num_waiting, lambda: engine.kv_cache_usage,
                           engine.counters)
+        step_stats = getattr(engine, "step_stats_snapshot", None)  # a local Engine's; the cluster's client has none
+        if step_stats is not None:
+            self.metrics.bind_steps(step_stats)
         self.engine = engine
         log.info("model %s ready", self.model_name)

@@ -10,7 +10,8 @@ DEFAULT_KV_CACHE_MEMORY = 128 * 2**20  # bytes: the previous engine's 32 slots o
 class EngineConfig:
     max_num_seqs: int = 128  # requests running at once (holding blocks), at most
     max_waiting: int = 128  # requests queued beyond those before new ones get 429
-    max_num_batched_tokens: int = 128  # tokens one step computes (decode rows and prompt chunks), roughly
+    max_num_batched_tokens: int = 128  # tokens one step computes (decode rows and prompt chunks): a hard cap
+    target_step_ms: float | None = None  # prompt chunks sized so a step with decode rows takes about this (None: off)
     block_size: int = 16  # tokens per KV-cache block
     kv_cache_memory: int = DEFAULT_KV_CACHE_MEMORY  # bytes of KV cache, all layers; sets the number of blocks
     num_blocks: int | None = None  # the number of blocks outright (tests); overrides kv_cache_memory
@@ -33,6 +34,8 @@ class EngineConfig:
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min} "
                              f"and {self.prompt_lookup_max}")
+        if self.target_step_ms is not None and not self.target_step_ms > 0:
+            raise ValueError(f"target_step_ms must be > 0, got {self.target_step_ms}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
 

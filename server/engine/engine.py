@@ -36,6 +36,8 @@ from server.engine.model_runner import ModelRunner, StepResult
 from server.engine.output_processor import OutputProcessor
 from server.engine.request import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, Request, Sink, TokenOutput
 from server.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
+from server.engine.step_budget import StepBudget
+from server.engine.step_stats import StepStats, StepStatsSnapshot
 from server.engine.sinks import one_wakeup_per_loop
 from server.engine.speculative import Drafter
 
@@ -82,8 +84,11 @@ class Engine:
                              f"{longest * per_block} bytes): raise --kv-cache-memory")
         self.cache = PagedKVCache(model.config, num_blocks, bs, dtype=model.dtype, device=self.device)
         self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, max_num_seqs=config.max_num_seqs,
-                                   max_num_batched_tokens=config.max_num_batched_tokens, max_waiting=config.max_waiting)
+        target_s = None if config.target_step_ms is None else config.target_step_ms / 1000
+        self.budget = StepBudget(config.max_num_batched_tokens, target_s=target_s)
+        self.step_stats = StepStats()
+        self.scheduler = Scheduler(self.blocks, self.budget, max_num_seqs=config.max_num_seqs,
+                                   max_waiting=config.max_waiting)
         self.drafter = Drafter(config.num_speculative_tokens, config.prompt_lookup_min,
                                config.prompt_lookup_max) if config.speculative == "ngram" else None
         self.runner = ModelRunner(model, self.cache, config.max_num_seqs, config.max_num_batched_tokens,
@@ -145,6 +150,10 @@ class Engine:
     def alive(self) -> bool:
         """Whether the engine thread runs (a replica's health check)."""
         return self._thread is not None and self._thread.is_alive()
+
+    def step_stats_snapshot(self) -> StepStatsSnapshot:
+        """Step time and tokens per step so far, with the step budget in force (for /metrics)."""
+        return self.step_stats.snapshot(self.budget.target_s, self.budget.last_allowance)
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, *, use_cache: bool = True,
                request_id: str | None = None, cache_salt: str | None = None, speculative: bool = True) -> str:
@@ -231,11 +240,33 @@ class Engine:
         return self
 
     def warmup(self) -> None:
-        """Runs a short request both ways, so the first real request pays no first-call costs."""
+        """Runs a short request both ways, so the first real request pays no first-call costs, then
+        calibrates the step budget's costs when there is a time target."""
         prompt = self.tokenizer.encode("Hello") or [0]
         for use_cache in (True, False):
             self.generate(prompt[: self.context_length - 2], SamplingParams(max_new_tokens=2, temperature=0),
                           use_cache=use_cache, timeout=600, cache_salt="warmup")
+        if self.budget.target_s is not None:
+            self.calibrate()
+
+    def calibrate(self, requests: int = 8, new_tokens: int = 8) -> None:
+        """Fits the step budget's costs on a burst of `requests` prompts of spread lengths (each up to
+        the token cap): prompt-only, mixed and decode-only steps of several sizes. Needs a started engine."""
+        self.budget.reset()
+        text = self.tokenizer.encode("The quick brown fox jumps over the lazy dog. ") or [0]
+        requests = min(requests, self.config.max_num_seqs)
+        room = self.blocks.num_blocks * self.blocks.block_size // requests - new_tokens - self.blocks.block_size
+        longest = max(1, min(self.config.max_num_batched_tokens, self.context_length - new_tokens - 1, room))
+        waits = []
+        for i in range(requests):
+            length = max(1, longest * (i + 1) // requests)
+            events: queue.Queue = queue.Queue()
+            self.submit((text * (length // len(text) + 1))[:length], SamplingParams(max_new_tokens=new_tokens,
+                        temperature=0, ignore_eos=True), events.put, cache_salt=f"calibrate-{i}")
+            waits.append(events)
+        for events in waits:
+            while not events.get(timeout=600).finished:
+                pass
 
     def stop_admitting(self) -> None:
         """New requests are refused (EngineStoppedError) from now on; those already in go on."""
@@ -324,7 +355,11 @@ class Engine:
         events = [(req, self.outputs.end(req, FINISH_ABORT)) for req in sched.aborted]
         if sched.num_tokens:
             try:
+                began = time.perf_counter()
                 result = self.runner.run(sched)
+                seconds = time.perf_counter() - began
+                self.budget.observe(sched.work, seconds)
+                self.step_stats.observe(sched.work, seconds)
             except Exception:
                 log.exception("batched step failed; rerunning its requests one by one")
                 result = self._execute_one_by_one(sched, events)

@@ -1,16 +1,18 @@
 """Which requests run in the next step, and how many of their tokens: vLLM V1's unified schedule,
 one {request: num_tokens} for prefill and decode alike.
 
-Each step, under a budget of `max_num_batched_tokens`:
-1. every running request past its prompt decodes one token (against the budget), and every uncached
-   one recomputes its whole sequence (never split, and outside the budget: `use_cache: false` is
-   asked to cost what it costs, not to hold back the cached requests' prompts);
-2. running requests still reading their prompt get the next chunk from what budget is left, and at
-   least MIN_PROMPT_TOKENS, so that prompts progress however many rows decode;
-3. waiting requests are admitted, first come first served, while the budget lasts, fewer than
-   `max_num_seqs` run, and their blocks fit; each takes its prefix-cache hits and a first chunk;
-4. decoding requests with a speculative draft (`Request.draft`) verify it, from what budget is left
-   and only where free blocks hold it (a draft never preempts).
+Each step:
+1. every running request past its prompt decodes one token, and every uncached one recomputes its
+   whole sequence (never split, and outside the budget: `use_cache: false` is asked to cost what it
+   costs, not to hold back the cached requests' prompts);
+2. the step budget (`StepBudget`) says how many prompt tokens the step may carry beside those decode
+   rows: what `max_num_batched_tokens` leaves, less where a time target (`--target-step-ms`) asks;
+3. prompts share them in `admission.prompt_order` (shortest remaining first, aged requests before
+   all): running requests still reading their prompt take their next chunk; waiting ones are admitted
+   while fewer than `max_num_seqs` run and their blocks fit, each with its prefix-cache hits and a
+   first chunk;
+4. decoding requests with a speculative draft (`Request.draft`) verify it, from what prompt tokens
+   are left and only where free blocks hold it (a draft never preempts).
 When a decoding request needs a block and none is free, the newest running request is preempted:
 its blocks go back, it returns to the front of the queue, and it recomputes when it resumes.
 
@@ -22,13 +24,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from server.engine.admission import is_aged, prompt_order
 from server.engine.block_manager import BlockManager
 from server.engine.request import Request, RequestStatus
-
-
-MIN_PROMPT_TOKENS = 16  # prompt tokens a step may always read, whatever the decode rows took
+from server.engine.step_budget import StepBudget, StepWork
 
 
 class QueueFullError(RuntimeError):
@@ -44,6 +46,7 @@ class SchedulerOutput:
     aborted: list[Request] = field(default_factory=list)  # cancelled since the last step (blocks freed)
     admitted: list[Request] = field(default_factory=list)  # given a row this step (new or resumed), in order
     drafts: dict[Request, list[int]] = field(default_factory=dict)  # draft tokens verified this step (in num_tokens)
+    work: StepWork = StepWork(0, 0, 0)  # what the step computes, for the step budget's cost model and the metrics
 
 
 @dataclass
@@ -56,11 +59,10 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_waiting: int) -> None:
-        self.blocks = blocks
-        self.max_num_seqs, self.max_num_batched_tokens, self.max_waiting = (max_num_seqs, max_num_batched_tokens,
-                                                                            max_waiting)
+    def __init__(self, blocks: BlockManager, budget: StepBudget, *, max_num_seqs: int, max_waiting: int,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.blocks, self.budget, self.clock = blocks, budget, clock
+        self.max_num_seqs, self.max_waiting = max_num_seqs, max_waiting
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last is the first preempted
         self.stats = SchedulerStats()
@@ -100,7 +102,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         with self._lock:
             out = SchedulerOutput(aborted=self._take_aborted())
-            budget = self.max_num_batched_tokens
+            rows = context = 0
             for req in list(self.running):  # 1. decode rows and uncached recomputes
                 if req.status != RequestStatus.RUNNING:
                     continue  # preempted a moment ago, for an older request's block
@@ -108,34 +110,13 @@ class Scheduler:
                     req.num_computed = 0
                 n = req.num_tokens - req.num_computed
                 if req.use_cache and n != 1:
-                    continue  # still reading its prompt: step 2
+                    continue  # still reading its prompt: step 3
                 if self._make_room(req, req.num_tokens, out):
                     out.num_tokens[req] = n
-                    budget -= n if req.use_cache else 0
-            budget = max(budget, MIN_PROMPT_TOKENS)
-            for req in self.running:  # 2. prompt chunks of running requests
-                if budget <= 0:
-                    break
-                if req.status == RequestStatus.RUNNING and req not in out.num_tokens:
-                    n = min(req.num_tokens - req.num_computed, budget)
-                    out.num_tokens[req] = n
-                    budget -= n
-            for req in list(self.waiting):  # 3. admissions, first come first served
-                if budget <= 0 or len(self.running) >= self.max_num_seqs:
-                    break
-                if req.wait_for is not None and not self._prompt_cached(req.wait_for):
-                    continue  # a copy: it takes its prompt from the first copy's blocks once they are cached
-                hits = self.blocks.cached_prefix(req)
-                if not self.blocks.can_admit(req, hits):
-                    break
-                self.waiting.remove(req)
-                self._admit(req, hits, out)
-                if not req.use_cache:  # a whole recompute, outside the budget
-                    out.num_tokens[req] = req.num_tokens
-                    continue
-                n = min(req.num_tokens - req.num_computed, budget)
-                out.num_tokens[req] = n
-                budget -= n
+                    if req.use_cache:
+                        rows, context = rows + 1, context + req.num_tokens
+            budget = self.budget.prompt_tokens(rows, context)  # 2.
+            budget = self._schedule_prompts(budget, out)  # 3.
             for req in self.running:  # 4. drafts of decoding requests, from what budget is left
                 if budget <= 0:
                     break
@@ -145,7 +126,43 @@ class Scheduler:
                         out.num_tokens[req] += k
                         out.drafts[req] = req.draft[:k]
                         budget -= k
+            prompt = sum(out.num_tokens.values()) - rows
+            out.work = StepWork(rows, context, prompt)
             return out
+
+    def _schedule_prompts(self, budget: int, out: SchedulerOutput) -> int:
+        """Shares `budget` prompt tokens among running requests still reading their prompt and waiting ones;
+        returns what is left."""
+        reading = [r for r in self.running if r.status == RequestStatus.RUNNING and r not in out.num_tokens]
+        if not reading and not self.waiting:
+            return budget
+        now = self.clock()
+        admitting = True
+        for req in prompt_order(reading + list(self.waiting), now):
+            if budget <= 0:
+                break
+            if req.status == RequestStatus.RUNNING:
+                n = min(req.num_tokens - req.num_computed, budget)
+                out.num_tokens[req] = n
+                budget -= n
+                continue
+            if not admitting:
+                continue
+            if req.wait_for is not None and not self._prompt_cached(req.wait_for):
+                continue  # a copy: it takes its prompt from the first copy's blocks once they are cached
+            hits = self.blocks.cached_prefix(req)
+            if len(self.running) >= self.max_num_seqs or not self.blocks.can_admit(req, hits):
+                admitting = not is_aged(req, now)  # an aged request lets no later one take its place
+                continue
+            self.waiting.remove(req)
+            self._admit(req, hits, out)
+            if not req.use_cache:  # a whole recompute, outside the budget
+                out.num_tokens[req] = req.num_tokens
+                continue
+            n = min(req.num_tokens - req.num_computed, budget)
+            out.num_tokens[req] = n
+            budget -= n
+        return budget
 
     @staticmethod
     def _prompt_cached(req: Request) -> bool:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+MIN_PROMPT_TOKENS = 16  # prompt tokens a step may always carry, whatever its decode rows cost: prompts progress
 CONTEXT_UNIT = 1024  # decode context is counted in units of this many tokens, to keep the fit well scaled
 WINDOW = 256  # recent steps the fit uses
 REFIT_EVERY = 16  # steps between two fits, once the first WINDOW // 8 steps are in
@@ -97,8 +98,8 @@ class StepBudget:
     """The prompt tokens the next step may carry, from the target and the fitted costs. Thread-safe:
     the engine thread observes and asks; a scrape reads `target_s` and `last_allowance`."""
 
-    def __init__(self, max_num_batched_tokens: int, min_prompt_tokens: int, target_s: float | None = None,
-                 model: StepCostModel | None = None) -> None:
+    def __init__(self, max_num_batched_tokens: int, min_prompt_tokens: int = MIN_PROMPT_TOKENS,
+                 target_s: float | None = None, model: StepCostModel | None = None) -> None:
         self.max_num_batched_tokens = max_num_batched_tokens  # the hard cap, decode rows included
         self.min_prompt_tokens = min_prompt_tokens  # what prompts always get, so that they progress
         self.target_s = target_s  # None: no time target, the token cap alone
@@ -121,8 +122,15 @@ class StepBudget:
         self.last_allowance = allowance
         return allowance
 
+    def reset(self) -> None:
+        """Forgets every step seen so far (the engine calibrates after its first-call costs are paid)."""
+        with self._lock:
+            self.model = StepCostModel()
+
     def observe(self, work: StepWork, seconds: float) -> None:
-        """A step's measured time, to correct the costs."""
+        """A step's measured time, to correct the costs (kept only when there is a target to serve)."""
+        if self.target_s is None:
+            return
         with self._lock:
             self.model.observe(work, seconds)
 

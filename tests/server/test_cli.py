@@ -57,3 +57,10 @@ def test_a_limit_of_zero_is_refused(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--max-new-tokens", "0"])
     assert "must be > 0" in capsys.readouterr().err
+
+
+def test_the_step_time_target_flag_reaches_the_engine_config():
+    assert parse_args([]).target_step_ms is EngineConfig().target_step_ms is None
+    assert parse_args(["--target-step-ms", "40"]).target_step_ms == 40.0
+    with pytest.raises(SystemExit):
+        parse_args(["--target-step-ms", "0"])
