@@ -76,6 +76,10 @@ class StepCollector:
                                    "(--target-step-ms); 0 when there is none.", labels=["model_name"])
         target.add_metric([self.model_name], snap.target_step_s or 0.0)
         yield target
+        cap = GaugeMetricFamily(PREFIX + "step_budget_max_batched_tokens", "Tokens one step may compute, at most "
+                                "(--max-num-batched-tokens).", labels=["model_name"])
+        cap.add_metric([self.model_name], snap.max_batched_tokens)
+        yield cap
         allowance = GaugeMetricFamily(PREFIX + "step_budget_prompt_tokens", "Prompt tokens the latest step was "
                                       "allowed.", labels=["model_name"])
         allowance.add_metric([self.model_name], snap.prompt_allowance)

@@ -153,7 +153,8 @@ class Engine:
 
     def step_stats_snapshot(self) -> StepStatsSnapshot:
         """Step time and tokens per step so far, with the step budget in force (for /metrics)."""
-        return self.step_stats.snapshot(self.budget.target_s, self.budget.last_allowance)
+        budget = self.budget
+        return self.step_stats.snapshot(budget.target_s, budget.max_num_batched_tokens, budget.last_allowance)
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, *, use_cache: bool = True,
                request_id: str | None = None, cache_salt: str | None = None, speculative: bool = True) -> str:

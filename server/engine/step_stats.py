@@ -51,6 +51,7 @@ class StepStatsSnapshot:
     decode_tokens: HistogramSnapshot  # decode rows per step (one token each)
     prompt_tokens: HistogramSnapshot  # prompt-chunk and recompute tokens per step
     target_step_s: float | None  # the time target in force (--target-step-ms), None when off
+    max_batched_tokens: int  # the token cap of a step (--max-num-batched-tokens)
     prompt_allowance: int  # prompt tokens the latest step was allowed
 
 
@@ -69,7 +70,9 @@ class StepStats:
             self.decode_tokens.observe(work.decode_rows)
             self.prompt_tokens.observe(work.prompt_tokens)
 
-    def snapshot(self, target_step_s: float | None, prompt_allowance: int) -> StepStatsSnapshot:
+    def snapshot(self, target_step_s: float | None, max_batched_tokens: int,
+                 prompt_allowance: int) -> StepStatsSnapshot:
         with self._lock:
             return StepStatsSnapshot(self.step_seconds.snapshot(), self.decode_tokens.snapshot(),
-                                     self.prompt_tokens.snapshot(), target_step_s, prompt_allowance)
+                                     self.prompt_tokens.snapshot(), target_step_s, max_batched_tokens,
+                                     prompt_allowance)

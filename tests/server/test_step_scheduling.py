@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from loadtest.server_steps import parse_steps
 from model.sampling import SamplingParams
 from server.engine.admission import AGEING_S
 from server.engine.block_manager import BlockManager
@@ -164,5 +165,7 @@ def test_metrics_show_step_histograms_and_the_budget_in_force(tiny_checkpoint):
         assert 'kvserve:step_duration_seconds_bucket{le="+Inf",model_name="tiny"}' in text
         assert server.metric("kvserve:step_budget_target_seconds") == 0.025
         assert server.engine.budget.costs is not None, "warm-up did not calibrate the step costs"
+        scraped = parse_steps(text)  # what the load tester reads of it
+        assert (scraped.target_step_s, scraped.max_batched_tokens, scraped.steps) == (0.025, 128, steps)
     finally:
         server.stop()
