@@ -52,6 +52,7 @@ import httpx
 
 from loadtest.prompts import load_prompts
 from loadtest.report import RequestRecord, cache_ratio, summarize
+from loadtest.server_steps import scrape_steps, steps_between
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 # ---------------------------------------------------------------- the HTTP client
@@ -263,9 +264,13 @@ async def run_load_test(config: LoadTestConfig, prompts: list[str],
                             request_timeout_s=config.request_timeout_s, seed=config.seed)
         if on_run_start:
             on_run_start(labels["label"], config.num_requests)
+        async with make_client(config.request_timeout_s) as client:
+            before = await scrape_steps(client, config.url)
         records, wall_s = await run_workload(config.url, prompts, replace(params, cache_mode=labels["cache_mode"]),
                                              workload, on_done, deadline)
-        runs.append(summarize(records, wall_s, **labels))
+        async with make_client(config.request_timeout_s) as client:
+            after = await scrape_steps(client, config.url)
+        runs.append({**summarize(records, wall_s, **labels), "server_steps": steps_between(before, after)})
     ratios = []
     for faster, slower in (("kv", "off"), ("prefix", "off"), ("prefix", "kv")):
         for a in (r for r in runs if r["cache_mode"] == faster):

@@ -157,7 +157,13 @@ TABLE_ROWS = [("requests ok", "requests_ok", None, 1), ("requests failed", "requ
               ("draft acceptance rate", "draft_acceptance_rate", None, 1),
               ("tokens per step", "tokens_per_step", None, 1)] + [
     (f"{name} {stat} ({unit})", key, stat, scale)
-    for name, key, unit, scale in LATENCIES for stat in ("mean", "p50", "p90", "p99")]
+    for name, key, unit, scale in LATENCIES for stat in ("mean", "p50", "p90", "p99")] + [
+    # beside the ITL: the server's step budget in force during the run and what its steps were ('-': not said)
+    ("step target (ms; - = off)", "server_steps", "target_step_ms", 1),
+    ("step token cap", "server_steps", "max_batched_tokens", 1),
+    ("server step mean (ms)", "server_steps", "mean_step_ms", 1),
+    ("decode tokens / step", "server_steps", "decode_tokens_per_step", 1),
+    ("prompt tokens / step", "server_steps", "prompt_tokens_per_step", 1)]
 
 
 def _cell(summary: dict, key: str, stat: str | None, scale: float) -> float | None:
