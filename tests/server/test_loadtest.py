@@ -170,7 +170,8 @@ def test_load_test_against_real_server_counts_every_token(server_url, tiny_check
         assert len(run["itl_by_token_index_s"]) == max(tokens) - 1
         steps = run["server_steps"]  # the server's step metrics over the run, beside its ITL in the report
         assert (steps["target_step_ms"], steps["max_batched_tokens"]) == (None, 128)
-        assert steps["steps"] >= max(tokens) and steps["decode_tokens_per_step"] > 0
+        assert steps["steps"] >= max(tokens) and steps["prompt_tokens_per_step"] > 0
+        assert (steps["decode_tokens_per_step"] > 0) == (run["cache_mode"] != "off")  # off: every step recomputes
         hits = [r["cached_tokens"] for r in run["requests"]]
         if run["cache_mode"] == "prefix":
             assert all(h >= 32 for h in hits), hits  # the shared prefix's two full blocks, at least
