@@ -28,6 +28,7 @@ from server.cluster.router import Router, report_from
 from server.engine.block_manager import BlockManager
 from server.engine.request import Request
 from server.engine.scheduler import Scheduler
+from server.engine.step_budget import StepBudget
 
 POLICIES = ("kv", "oracle", "pow2", "round-robin")
 
@@ -70,8 +71,7 @@ class SimReplica:
     def __init__(self, rid: str, num_blocks: int, block_size: int, max_num_seqs: int, max_batched: int) -> None:
         self.rid = rid
         self.blocks = BlockManager(num_blocks, block_size)
-        self.scheduler = Scheduler(self.blocks, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched,
-                                   max_waiting=10**9)
+        self.scheduler = Scheduler(self.blocks, StepBudget(max_batched), max_num_seqs=max_num_seqs, max_waiting=10**9)
         self.busy = False
         self.busy_s = 0.0
 
