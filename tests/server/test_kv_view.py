@@ -13,6 +13,7 @@ from server.engine.block_manager import BlockManager
 from server.engine.kv_view import kv_snapshot
 from server.engine.request import Request
 from server.engine.scheduler import Scheduler
+from server.engine.step_budget import StepBudget
 from tests.server.conftest import serve, wait_for
 from tests.server.step_gate import step_gate
 
@@ -39,7 +40,7 @@ def step_all(bm: BlockManager, sched: Scheduler) -> None:
 
 def test_a_snapshot_shows_shared_blocks_hits_and_evictions():
     bm = BlockManager(6, 4)
-    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_waiting=4)
+    sched = Scheduler(bm, StepBudget(64), max_num_seqs=4, max_waiting=4)
     new = lambda tokens: Request(list(tokens), SamplingParams(temperature=0), seed=0, sink=lambda o: None)  # noqa: E731
     a = new(range(9))
     sched.add_all([a])
