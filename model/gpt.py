@@ -9,7 +9,9 @@ Two forwards over the same parameters:
 - `forward_step(step, cache)` then `compute_logits(hidden)`: inference. One flattened batch of N new
   tokens from any mix of sequences (prefill chunks, decode rows, whole recomputes), each token with
   its own position and cache slot, attending over its sequence's blocks in the paged KV cache. Every
-  linear layer runs once over all N tokens, through the kernels `prepare_for_inference` chose.
+  linear layer runs once over all N tokens, through the kernel backend `prepare_for_inference` chose
+  (model/kernels: the exact C++ kernels in one call, or torch's op by op through the `forward_step`
+  methods below).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import torch.nn.functional as F
 
 from model import kernels
 from model.config import GPTConfig
-from model.kernels import EPILOGUE_GELU, EPILOGUE_NONE, EPILOGUE_RESIDUAL, ExactModel, PackedNorm, PackedWeight
+from model.kernels import EPILOGUE_GELU, EPILOGUE_NONE, EPILOGUE_RESIDUAL, KernelBackend, StockBackend
 from model.kv_cache import PagedKVCache, StepBatch
 
 
@@ -32,7 +34,6 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(n_in, n_out))
         self.bias = nn.Parameter(torch.zeros(n_out))
-        self.packed: PackedWeight | None = None  # the exact kernel's copy (prepare_for_inference); never saved
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
@@ -40,10 +41,7 @@ class Linear(nn.Module):
     def infer(self, x: torch.Tensor, epilogue: int = EPILOGUE_NONE, residual: torch.Tensor | None = None, *,
               norm: nn.LayerNorm | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """x: (N, in). Returns epilogue(norm(x) @ W + b): (N, out), written to `out` if given (which may
-        be `residual`: x += ...); see model.kernels.linear."""
-        if self.packed is not None:
-            return kernels.linear(x, self.packed, epilogue, residual, norm=norm.packed if norm is not None else None,
-                                  out=out)
+        be `residual`: x += ...), through torch's kernels (the stock backend's step)."""
         return kernels.stock.linear(x, self.weight, self.bias, epilogue, residual, norm, out)
 
 
@@ -56,7 +54,6 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = Linear(config.n_embd, config.n_embd)
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.exact_attention = False  # set by GPT.prepare_for_inference
 
     def forward(self, x: torch.Tensor, attention_out: list[torch.Tensor] | None = None) -> torch.Tensor:
         B, T, C = x.shape
@@ -84,8 +81,7 @@ class CausalSelfAttention(nn.Module):
         """x: (N, C), the residual stream: x += attention(norm(x)), in place."""
         qkv = self.c_attn.infer(x, norm=norm)  # (N, 3C)
         layer = cache.layers[self.layer_idx]  # (num_blocks, 2, nh, bs * hs)
-        attend = kernels.paged_attention if self.exact_attention else kernels.stock.paged_attention
-        y = attend(qkv, layer, step, self.n_head, cache.block_size)  # (N, C)
+        y = kernels.stock.paged_attention(qkv, layer, step, self.n_head, cache.block_size)  # (N, C)
         self.c_proj.infer(y, EPILOGUE_RESIDUAL, x, out=x)  # (N, C)
 
 
@@ -136,9 +132,7 @@ class GPT(nn.Module):
                 ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon),
             )
         )
-        self.kernels = "stock"  # which kernels the inference path runs: 'exact' or 'stock' (prepare_for_inference)
-        self.head: PackedWeight | None = None  # the tied embedding packed as the head's (C, V) weight
-        self.exact: ExactModel | None = None  # the exact kernels' pointers to all of the above
+        self.backend: KernelBackend = StockBackend(self)  # the inference path's kernels (prepare_for_inference)
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2: residual projections scaled by depth
             if name.endswith("c_proj.weight"):
@@ -162,38 +156,17 @@ class GPT(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.transformer.wte.weight.dtype
 
+    @property
+    def kernels(self) -> str:
+        """The name of the backend the inference path runs: 'exact' or 'stock'."""
+        return self.backend.name
+
     def prepare_for_inference(self, kernels_name: str = "auto") -> "GPT":
-        """Eval mode, and the inference path's kernels: 'auto' (exact where they run: model.kernels.
-        kernels_for), 'exact' or 'stock'. The exact kernels read weights packed once here; call again
-        after changing the weights, the dtype or the device."""
+        """Eval mode, and the inference path's kernel backend, chosen once: 'auto' (exact where they
+        run: model.kernels.kernels_for), 'exact' or 'stock'. The exact kernels read weights packed once
+        here; call again after changing the weights, the dtype or the device."""
         self.eval()
-        runs_here = kernels.kernels_for(self.device, self.dtype)
-        if not kernels.exact_attention_supported(self.config.head_dim, 8):
-            runs_here = "stock"
-        choice = runs_here if kernels_name == "auto" else kernels_name
-        if choice not in ("exact", "stock"):
-            raise ValueError(f"kernels must be 'auto', 'exact' or 'stock', got {kernels_name!r}")
-        if choice == "exact" and runs_here != "exact":
-            why = kernels.unavailable_reason() or "they need a CPU, float32 or bfloat16, and a head_dim of 8, 16, 32, 64 or 128"
-            raise RuntimeError(f"the exact kernels do not run here ({self.device}, {self.dtype}, head_dim "
-                               f"{self.config.head_dim}): {why}")
-        exact = choice == "exact"
-        self.kernels = choice
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.packed = PackedWeight.pack(module.weight, module.bias) if exact else None
-            elif isinstance(module, nn.LayerNorm):
-                module.packed = PackedNorm.pack(module) if exact else None  # read by the next product's prologue
-            elif isinstance(module, CausalSelfAttention):
-                module.exact_attention = exact
-        self.head = PackedWeight.pack(self.transformer.wte.weight.t()) if exact else None
-        self.exact = None
-        if exact:
-            blocks = [{"ln_1": b.ln_1.packed, "c_attn": b.attn.c_attn.packed, "attn_proj": b.attn.c_proj.packed,
-                       "ln_2": b.ln_2.packed, "c_fc": b.mlp.c_fc.packed, "mlp_proj": b.mlp.c_proj.packed}
-                      for b in self.transformer.h]
-            self.exact = ExactModel(self.transformer.wte.weight.detach(), self.transformer.wpe.weight.detach(), blocks,
-                                    self.config.n_head, self.config.layer_norm_epsilon)
+        self.backend = kernels.choose_backend(self, kernels_name)
         return self
 
     def forward(self, input_ids: torch.Tensor, attention_out: list[torch.Tensor] | None = None) -> torch.Tensor:
@@ -213,19 +186,9 @@ class GPT(nn.Module):
     def forward_step(self, step: StepBatch, cache: PagedKVCache) -> torch.Tensor:
         """The flattened step: writes every token's keys/values to its slot and returns the final
         hidden states (N, C), before ln_f; `compute_logits` turns the rows that sample into logits."""
-        if self.exact is not None:  # the blocks below, op for op, in one call (csrc/forward.cpp)
-            return self.exact.forward(step, cache)  # (N, C)
-        step = step.trimmed()
-        x = F.embedding(step.token_ids, self.transformer.wte.weight) + F.embedding(step.positions,
-                                                                                 self.transformer.wpe.weight)  # (N, C)
-        for block in self.transformer.h:
-            block.forward_step(x, step, cache)  # in place
-        return x
+        return self.backend.forward_step(step, cache)  # (N, C)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (R, C) rows of forward_step's output. Returns float32 logits (R, V)."""
-        if self.head is not None:
-            ln_f = self.transformer.ln_f.packed
-            return kernels.linear(hidden, self.head, norm=ln_f, out_dtype=torch.float32)  # (R, V)
-        return F.linear(self.transformer.ln_f(hidden), self.transformer.wte.weight).float()  # (R, V)
+        return self.backend.compute_logits(hidden)  # (R, V)

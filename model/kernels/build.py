@@ -3,7 +3,8 @@
 The library is plain C++ with no torch or Python headers, so it builds in seconds with the system's
 `g++` and works with any torch version. It is cached under `$KVSERVE_KERNEL_CACHE` (default
 `~/.cache/kvserve`), keyed by a hash of the sources, the flags, the compiler and the CPU, and built
-into a temporary file then renamed, so processes that build at once do not clash.
+into a temporary file then renamed, so processes that build at once do not clash. The functions'
+ctypes come from their one declaration, csrc/api.h (interface.py).
 """
 from __future__ import annotations
 
@@ -17,26 +18,14 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from model.kernels.interface import ABI_VERSION, SIGNATURES
+
 log = logging.getLogger("kvserve.kernels")
 
 SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
-ABI_VERSION = 1
 # No fast-math, and no FMA contraction the sources do not spell out: every fused multiply-add in the
 # kernels is an explicit intrinsic, on every code path, tails included.
 FLAGS = ["-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-pthread"]
-
-P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-SIGNATURES = {
-    "kv_abi_version": ([], I32),
-    "kv_set_num_threads": ([I32], None),
-    "kv_num_threads": ([], I32),
-    "kv_set_spin_us": ([I64], None),
-    "kv_linear": ([I32, P, I64, I64, P, P, P, I64, I32, P, P, P, F32], I32),
-    "kv_embed": ([I32, P, P, I64, P, P, I64, P], I32),
-    "kv_forward": ([P, P, I64, P, P, I64, P, I64, P, P, P, I64, P, P], I32),
-    "kv_greedy": ([P, I64, I64, P, I64, P], None),
-    "kv_paged_attention": ([I32, P, I64, I64, I64, P, I64, P, I64, P, P, P, I64, P, F32, P], I32),
-}
 
 
 class KernelBuildError(RuntimeError):

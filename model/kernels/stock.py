@@ -1,19 +1,41 @@
-"""The step's ops through torch's own kernels: on CUDA, for float16 / float64, and on a CPU without
-the exact kernels. Same interface and cache layout as the exact ones (model/kernels/__init__.py),
-with a tolerance instead of bit-identity: torch's products and attention add in orders that depend
-on the batch's shape."""
+"""The step through torch's own kernels: on CUDA, for float16 / float64, and on a CPU without the
+exact kernels. Same interface and cache layout as the exact ones (model/kernels/exact.py), with a
+tolerance instead of bit-identity: torch's products and attention add in orders that depend on the
+batch's shape."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-EPILOGUE_NONE, EPILOGUE_GELU, EPILOGUE_RESIDUAL = 0, 1, 2
+from model.kernels.backend import KernelBackend
+from model.kernels.interface import EPILOGUE_GELU, EPILOGUE_NONE, EPILOGUE_RESIDUAL
+
+
+class StockBackend(KernelBackend):
+    """The blocks of model/gpt.py op by op (`Block.forward_step`), each op one of this module's."""
+
+    name = "stock"
+
+    def __init__(self, model) -> None:
+        self.transformer = model.transformer
+
+    def forward_step(self, step, cache) -> torch.Tensor:
+        step = step.trimmed()
+        t = self.transformer
+        x = F.embedding(step.token_ids, t.wte.weight) + F.embedding(step.positions, t.wpe.weight)  # (N, C)
+        for block in t.h:
+            block.forward_step(x, step, cache)  # in place
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        t = self.transformer
+        return F.linear(t.ln_f(hidden), t.wte.weight).float()  # (R, V)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, epilogue: int = EPILOGUE_NONE,
            residual: torch.Tensor | None = None, norm: torch.nn.LayerNorm | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
-    """x: (N, in), weight: (in, out). norm, epilogue and out as in model.kernels.linear."""
+    """x: (N, in), weight: (in, out). norm, epilogue and out as in model.kernels.exact.linear."""
     if norm is not None:
         x = norm(x)
     y = torch.addmm(bias, x, weight) if bias is not None else x @ weight  # (N, out)

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "api.h"
 #include "thread_pool.h"
 #include "vec.h"
 
@@ -177,16 +178,15 @@ void paged_attention(const T* qkv, T* cache, const Step& s, T* out) {
 
 extern "C" {
 
-// dtype 0: float32 qkv, cache and output; 1: bfloat16 (float32 arithmetic). Needs head_dim in
-// {8, 16, 32, 64, 128} and block_size % 8 == 0 (checked by the caller). Returns 0, or -1 if not.
 int kv_paged_attention(int dtype, const void* qkv, int64_t tokens, int64_t heads, int64_t head_dim, void* cache,
                         int64_t block_size, const int64_t* slot_mapping, int64_t seqs, const int32_t* query_start,
                         const int32_t* seq_lens, const int32_t* block_tables, int64_t block_table_stride,
                         const int32_t* seq_rows, float scale, void* out) {
   const kv::Step s{tokens, heads, head_dim, block_size, slot_mapping, seqs, query_start, seq_lens, block_tables,
                    block_table_stride, seq_rows, scale};
-  if (kv::attend_for<float>(head_dim) == nullptr || block_size % 8 != 0 || (dtype != 0 && dtype != 1)) return -1;
-  if (dtype == 0)
+  const bool known = dtype == KV_DTYPE_F32 || dtype == KV_DTYPE_BF16;
+  if (kv::attend_for<float>(head_dim) == nullptr || block_size % 8 != 0 || !known) return -1;
+  if (dtype == KV_DTYPE_F32)
     kv::paged_attention(static_cast<const float*>(qkv), static_cast<float*>(cache), s, static_cast<float*>(out));
   else
     kv::paged_attention(static_cast<const kv::bf16*>(qkv), static_cast<kv::bf16*>(cache), s,

@@ -1,5 +1,6 @@
 // The step's input rows: out[i] = wte[token_ids[i]] + wpe[positions[i]], one add per element
 // (float32 arithmetic; bfloat16 rounded once), the same for every row.
+#include "api.h"
 #include "thread_pool.h"
 #include "vec.h"
 
@@ -28,10 +29,10 @@ extern "C" {
 
 int kv_embed(int dtype, const int64_t* ids, const int64_t* positions, int64_t n, const void* wte, const void* wpe,
              int64_t C, void* out) {
-  if (dtype == 0)
+  if (dtype == KV_DTYPE_F32)
     kv::embed(ids, positions, n, static_cast<const float*>(wte), static_cast<const float*>(wpe), C,
               static_cast<float*>(out));
-  else if (dtype == 1)
+  else if (dtype == KV_DTYPE_BF16)
     kv::embed(ids, positions, n, static_cast<const kv::bf16*>(wte), static_cast<const kv::bf16*>(wpe), C,
               static_cast<kv::bf16*>(out));
   else

@@ -8,57 +8,15 @@
 #include <cstdint>
 #include <vector>
 
-extern "C" {
-int kv_linear(int dtype, const void* x, int64_t rows, int64_t K, const void* w, const float* bias, void* y,
-              int64_t O, int epilogue, const void* residual, const float* ln_weight, const float* ln_bias,
-              float ln_eps);
-int kv_paged_attention(int dtype, const void* qkv, int64_t tokens, int64_t heads, int64_t head_dim, void* cache,
-                       int64_t block_size, const int64_t* slot_mapping, int64_t seqs, const int32_t* query_start,
-                       const int32_t* seq_lens, const int32_t* block_tables, int64_t block_table_stride,
-                       const int32_t* seq_rows, float scale, void* out);
-int kv_embed(int dtype, const int64_t* ids, const int64_t* positions, int64_t n, const void* wte, const void* wpe,
-             int64_t C, void* out);
-}
-
-namespace {
-
-constexpr int kNone = 0, kGelu = 1, kResidual = 2;
-
-// One block's packed weights (model/kernels/__init__.py, ExactModel): each product's weight and
-// float32 bias, and each layer norm's float32 (weight, bias) pair, (2, C).
-struct Layer {
-  const float* ln_1;
-  const void* c_attn_w;
-  const float* c_attn_b;
-  const void* attn_proj_w;
-  const float* attn_proj_b;
-  const float* ln_2;
-  const void* c_fc_w;
-  const float* c_fc_b;
-  const void* mlp_proj_w;
-  const float* mlp_proj_b;
-};
-
-struct Model {
-  int64_t dtype;  // 0 float32, 1 bfloat16
-  int64_t n_layer, n_embd, n_head;
-  float eps;
-  const void* wte;
-  const void* wpe;
-  const Layer* layers;
-};
-
-}  // namespace
+#include "api.h"
 
 extern "C" {
 
-// x: (tokens, C) in the model's dtype, the hidden states after the last block (before ln_f).
-// cache_layers: one pointer per layer, each (num_blocks, 2, heads, block_size * head_dim).
-int kv_forward(const Model* m, void* const* cache_layers, int64_t block_size, const int64_t* token_ids,
+int kv_forward(const kv_model* m, void* const* cache_layers, int64_t block_size, const int64_t* token_ids,
                const int64_t* positions, int64_t tokens, const int64_t* slot_mapping, int64_t seqs,
                const int32_t* query_start, const int32_t* seq_lens, const int32_t* block_tables,
                int64_t block_table_stride, const int32_t* seq_rows, void* x) {
-  const int64_t C = m->n_embd, elem = m->dtype == 0 ? 4 : 2, hd = C / m->n_head;
+  const int64_t C = m->n_embd, elem = m->dtype == KV_DTYPE_F32 ? 4 : 2, hd = C / m->n_head;
   thread_local std::vector<unsigned char> workspace;
   const size_t need = size_t(tokens * 8 * C * elem);  // qkv (3C), attention output (C), MLP hidden (4C)
   if (workspace.size() < need) workspace.resize(need);
@@ -69,16 +27,16 @@ int kv_forward(const Model* m, void* const* cache_layers, int64_t block_size, co
   int failed = kv_embed(dtype, token_ids, positions, tokens, m->wte, m->wpe, C, x);
   const float scale = float(1.0 / __builtin_sqrt(double(hd)));  // as the Python wrapper computes it
   for (int64_t l = 0; l < m->n_layer && !failed; ++l) {
-    const Layer& w = m->layers[l];
-    failed |= kv_linear(dtype, x, tokens, C, w.c_attn_w, w.c_attn_b, qkv, 3 * C, kNone, nullptr, w.ln_1,
+    const kv_layer& w = m->layers[l];
+    failed |= kv_linear(dtype, x, tokens, C, w.c_attn_w, w.c_attn_b, qkv, 3 * C, KV_EPILOGUE_NONE, nullptr, w.ln_1,
                         w.ln_1 + C, m->eps);
     failed |= kv_paged_attention(dtype, qkv, tokens, m->n_head, hd, cache_layers[l], block_size, slot_mapping, seqs,
                                  query_start, seq_lens, block_tables, block_table_stride, seq_rows, scale, attended);
-    failed |= kv_linear(dtype, attended, tokens, C, w.attn_proj_w, w.attn_proj_b, x, C, kResidual, x, nullptr,
+    failed |= kv_linear(dtype, attended, tokens, C, w.attn_proj_w, w.attn_proj_b, x, C, KV_EPILOGUE_RESIDUAL, x, nullptr,
                         nullptr, 0.0f);
-    failed |= kv_linear(dtype, x, tokens, C, w.c_fc_w, w.c_fc_b, hidden, 4 * C, kGelu, nullptr, w.ln_2, w.ln_2 + C,
+    failed |= kv_linear(dtype, x, tokens, C, w.c_fc_w, w.c_fc_b, hidden, 4 * C, KV_EPILOGUE_GELU, nullptr, w.ln_2, w.ln_2 + C,
                         m->eps);
-    failed |= kv_linear(dtype, hidden, tokens, 4 * C, w.mlp_proj_w, w.mlp_proj_b, x, C, kResidual, x, nullptr,
+    failed |= kv_linear(dtype, hidden, tokens, 4 * C, w.mlp_proj_w, w.mlp_proj_b, x, C, KV_EPILOGUE_RESIDUAL, x, nullptr,
                         nullptr, 0.0f);
   }
   return failed ? -1 : 0;

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "api.h"
 #include "layer_norm.h"
 #include "thread_pool.h"
 #include "vec.h"
@@ -30,8 +31,6 @@ constexpr int64_t kRowBlock = 96;  // rows per task when there are many (a multi
 // their compute between two lines of a strip is long enough that the hardware prefetcher alone leaves
 // the first pass waiting on memory. The one-row tile streams four strips at once, fast enough for it.
 constexpr int64_t kPrefetchAhead = 32;
-
-enum Epilogue { kNone = 0, kGelu = 1, kResidual = 2 };
 
 // acc[r][2s + c] = sum over k of x[r][k] * ws[s][k][8c .. 8c+7]: R rows against S adjacent strips
 // (K * 16 apart). The sums live in a local array that nothing else can see until the loop ends, so
@@ -82,9 +81,9 @@ inline void finish(const Output<T>& out, int64_t row, int64_t col, __m256 acc[R]
     const __m256 b = load8(out.bias + o);
     for (int r = 0; r < R; ++r) {
       __m256 v = _mm256_add_ps(acc[r][c], b);
-      if (out.epilogue == kGelu) v = gelu8(v);
+      if (out.epilogue == KV_EPILOGUE_GELU) v = gelu8(v);
       const int64_t at = (row + r) * out.O + o;
-      if (out.epilogue == kResidual)
+      if (out.epilogue == KV_EPILOGUE_RESIDUAL)
         v = _mm256_add_ps(n == 8 ? load8(out.residual + at) : load_partial(out.residual + at, n), v);
       if (n == 8) store8(out.y + at, v);
       else store_partial(out.y + at, v, n);
@@ -108,8 +107,8 @@ template <typename W, typename T>
 void run_rows(const float* x, int64_t K, const W* wg, const Output<T>& out, int64_t row, int64_t rows, int64_t col) {
   for (int64_t r = row; r < row + rows; r += kRowTile) {
     switch (std::min<int64_t>(kRowTile, row + rows - r)) {
-      case 1: rows_by_group<1>(x, K, wg, out, r, col); break;
-      case 2: rows_by_group<2>(x, K, wg, out, r, col); break;
+      case KV_DTYPE_BF16: rows_by_group<1>(x, K, wg, out, r, col); break;
+      case KV_DTYPE_BF16_F32: rows_by_group<2>(x, K, wg, out, r, col); break;
       case 3: rows_by_group<3>(x, K, wg, out, r, col); break;
       case 4: rows_by_group<4>(x, K, wg, out, r, col); break;
       case 5: rows_by_group<5>(x, K, wg, out, r, col); break;
@@ -161,25 +160,21 @@ void linear(const X* x_in, int64_t rows, int64_t K, const W* w, const float* bia
 
 extern "C" {
 
-// dtype 0: float32 activations, weights and outputs; 1: bfloat16 ones (float32 sums); 2: bfloat16
-// activations and weights with float32 outputs (the head of a bfloat16 model: float32 logits).
-// ln_weight, ln_bias: (K,) float32, a layer norm applied to each input row first, or null.
-// residual may be y itself (an in-place x += ...). Returns 0, or -1 for an unknown dtype.
 int kv_linear(int dtype, const void* x, int64_t rows, int64_t K, const void* w, const float* bias, void* y,
               int64_t O, int epilogue, const void* residual, const float* ln_weight, const float* ln_bias,
               float ln_eps) {
   using kv::bf16;
   const kv::Norm norm{ln_weight, ln_bias, ln_eps};
   switch (dtype) {
-    case 0:
+    case KV_DTYPE_F32:
       kv::linear(static_cast<const float*>(x), rows, K, static_cast<const float*>(w), bias, static_cast<float*>(y),
                  O, epilogue, static_cast<const float*>(residual), norm);
       return 0;
-    case 1:
+    case KV_DTYPE_BF16:
       kv::linear(static_cast<const bf16*>(x), rows, K, static_cast<const bf16*>(w), bias, static_cast<bf16*>(y), O,
                  epilogue, static_cast<const bf16*>(residual), norm);
       return 0;
-    case 2:
+    case KV_DTYPE_BF16_F32:
       kv::linear(static_cast<const bf16*>(x), rows, K, static_cast<const bf16*>(w), bias, static_cast<float*>(y),
                  O, epilogue, static_cast<const float*>(residual), norm);
       return 0;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "api.h"
 #include "thread_pool.h"
 #include "vec.h"
 

@@ -1,0 +1,24 @@
+"""The interface every set of inference kernels implements, chosen once per model at load.
+
+`GPT.prepare_for_inference` builds one backend (exact or stock today; a quantized and a CUDA one
+fit the same two calls) and `GPT.forward_step` / `GPT.compute_logits` hand each step to it, so no
+other code asks which kernels run.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class KernelBackend:
+    """Runs the inference path of one prepared model."""
+
+    name: str  # what /info reports as the model's kernels: 'exact' or 'stock'
+
+    def forward_step(self, step, cache) -> torch.Tensor:
+        """step: model.kv_cache.StepBatch, cache: model.kv_cache.PagedKVCache. Writes every token's keys
+        and values to its slot and returns the final hidden states (N, C), before ln_f."""
+        raise NotImplementedError
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (R, C) rows of forward_step's output. Returns float32 logits (R, V)."""
+        raise NotImplementedError

@@ -1,0 +1,92 @@
+// The library's C interface, declared once. The sources include it; model/kernels/interface.py
+// reads it (its enums, structs and prototypes) to give ctypes each function's argument types, each
+// struct's fields and each constant, so nothing here is spelled a second time in Python.
+//
+// The parser is small: one enum constant, struct field or parameter per declarator, each function
+// prototype on lines of its own ending in ");", each type one of int, int64_t, float, void or a
+// pointer.
+#pragma once
+
+#include <cstdint>
+
+// The version of this interface, which the loader checks the library against.
+enum { KV_ABI_VERSION = 2 };
+
+// What a product adds after the bias, per output element.
+enum {
+  KV_EPILOGUE_NONE = 0,      // y = x @ W + b
+  KV_EPILOGUE_GELU = 1,      // y = gelu_tanh(x @ W + b)
+  KV_EPILOGUE_RESIDUAL = 2,  // y = residual + (x @ W + b)
+};
+
+// The element types of the activations, weights and outputs a call reads and writes.
+enum {
+  KV_DTYPE_F32 = 0,       // float32 everywhere
+  KV_DTYPE_BF16 = 1,      // bfloat16 activations, weights and outputs (float32 sums)
+  KV_DTYPE_BF16_F32 = 2,  // bfloat16 activations and weights, float32 outputs (a bfloat16 model's logits)
+};
+
+// One block's packed weights (model/kernels/exact.py, ExactBackend): each product's weight and
+// float32 bias, and each layer norm's float32 (weight, bias) pair, (2, C).
+struct kv_layer {
+  const float* ln_1;
+  const void* c_attn_w;
+  const float* c_attn_b;
+  const void* attn_proj_w;
+  const float* attn_proj_b;
+  const float* ln_2;
+  const void* c_fc_w;
+  const float* c_fc_b;
+  const void* mlp_proj_w;
+  const float* mlp_proj_b;
+};
+
+// The whole network for kv_forward.
+struct kv_model {
+  int64_t dtype;
+  int64_t n_layer;
+  int64_t n_embd;
+  int64_t n_head;
+  float eps;
+  const void* wte;
+  const void* wpe;
+  const kv_layer* layers;
+};
+
+extern "C" {
+
+// The version the Python loader checks the library against, and the kernels' thread pool.
+int kv_abi_version();
+void kv_set_num_threads(int n);
+int kv_num_threads();
+void kv_set_spin_us(int64_t microseconds);
+
+// y = epilogue(norm(x) @ W + b) (csrc/linear.cpp). ln_weight, ln_bias: (K,) float32, a layer norm
+// applied to each input row first, or null. residual may be y itself (an in-place x += ...).
+// Returns 0, or -1 for an unknown dtype.
+int kv_linear(int dtype, const void* x, int64_t rows, int64_t K, const void* w, const float* bias, void* y,
+              int64_t O, int epilogue, const void* residual, const float* ln_weight, const float* ln_bias,
+              float ln_eps);
+
+// out[i] = wte[ids[i]] + wpe[positions[i]] (csrc/embedding.cpp).
+int kv_embed(int dtype, const int64_t* ids, const int64_t* positions, int64_t n, const void* wte, const void* wpe,
+             int64_t C, void* out);
+
+// Writes each token's keys and values to its slot, then attends over its sequence's blocks
+// (csrc/attention.cpp). Needs head_dim in {8, 16, 32, 64, 128} and block_size % 8 == 0: -1 if not.
+int kv_paged_attention(int dtype, const void* qkv, int64_t tokens, int64_t heads, int64_t head_dim, void* cache,
+                       int64_t block_size, const int64_t* slot_mapping, int64_t seqs, const int32_t* query_start,
+                       const int32_t* seq_lens, const int32_t* block_tables, int64_t block_table_stride,
+                       const int32_t* seq_rows, float scale, void* out);
+
+// Embeddings and every block of the step (csrc/forward.cpp): x (tokens, C) gets the hidden states
+// before ln_f. cache_layers: one pointer per layer, each (num_blocks, 2, heads, block_size * head_dim).
+int kv_forward(const kv_model* m, void* const* cache_layers, int64_t block_size, const int64_t* token_ids,
+               const int64_t* positions, int64_t tokens, const int64_t* slot_mapping, int64_t seqs,
+               const int32_t* query_start, const int32_t* seq_lens, const int32_t* block_tables,
+               int64_t block_table_stride, const int32_t* seq_rows, void* x);
+
+// The greedy pick and log-normalizer of each row of float32 logits (csrc/sampling.cpp).
+void kv_greedy(const float* logits, int64_t rows, int64_t V, double* out, int64_t out_stride, float* lse);
+
+}

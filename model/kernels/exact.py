@@ -1,0 +1,182 @@
+"""The exact kernels' ops (csrc/), and the backend that runs a whole step through them.
+
+Every output element is reduced in one fixed order that depends only on the length of the
+reduction, so a token's logits do not depend on how many rows share its step, where its row sits,
+whether its keys came from a prefix-cache hit, or whether it was decoded or recomputed.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from model.kernels.backend import KernelBackend
+from model.kernels.interface import DTYPE_BF16, DTYPE_BF16_F32, DTYPE_F32, EPILOGUE_NONE, STRUCTS
+from model.kernels.library import handle
+
+GROUP = 64  # output columns per packed weight group: one task of csrc/linear.cpp
+STRIP = 16  # output columns per strip of a group, each stored k-major
+EXACT_HEAD_DIMS = (8, 16, 32, 64, 128)
+_DTYPE_CODE = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
+
+
+def exact_attention_supported(head_dim: int, block_size: int) -> bool:
+    return head_dim in EXACT_HEAD_DIMS and block_size % 8 == 0
+
+
+@dataclass
+class PackedWeight:
+    """A linear layer's (in, out) weight packed for csrc/linear.cpp: (groups, 4, in, 16), strips of 16
+    columns each stored k-major, zero past `n_out`, with its bias in float32 (zeros where the layer has
+    none), padded to the groups."""
+
+    weight: torch.Tensor  # (groups, GROUP // STRIP, n_in, STRIP)
+    bias: torch.Tensor  # (groups * GROUP,) float32
+    n_in: int
+    n_out: int
+
+    @classmethod
+    def pack(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "PackedWeight":
+        """weight: (in, out), GPT-2's Conv1D layout (for the tied head, the embedding transposed)."""
+        n_in, n_out = weight.shape
+        groups = -(-n_out // GROUP)
+        padded = torch.zeros(n_in, groups * GROUP, dtype=weight.dtype, device=weight.device)  # (in, out padded)
+        padded[:, :n_out] = weight.detach()
+        strips = padded.view(n_in, groups, GROUP // STRIP, STRIP).permute(1, 2, 0, 3)  # (groups, 4, in, STRIP)
+        packed = strips.contiguous()
+        b = torch.zeros(groups * GROUP, dtype=torch.float32, device=weight.device)
+        if bias is not None:
+            b[:n_out] = bias.detach().float()
+        return cls(packed, b, n_in, n_out)
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+
+@dataclass
+class PackedNorm:
+    """A LayerNorm's weight and bias in float32, (2, C), for the linear kernel's prologue."""
+
+    params: torch.Tensor  # (2, C) float32: weight, bias
+    eps: float
+
+    @classmethod
+    def pack(cls, norm: torch.nn.LayerNorm) -> "PackedNorm":
+        return cls(torch.stack([norm.weight.detach().float(), norm.bias.detach().float()]).contiguous(), norm.eps)
+
+
+def linear(x: torch.Tensor, w: PackedWeight, epilogue: int = EPILOGUE_NONE, residual: torch.Tensor | None = None,
+           *, norm: PackedNorm | None = None, out: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """epilogue(norm(x) @ W + b) through csrc/linear.cpp. x: (N, in) contiguous, in the weights' dtype.
+    norm: a layer norm applied to each row of x first. epilogue: EPILOGUE_NONE, EPILOGUE_GELU (tanh
+    GELU) or EPILOGUE_RESIDUAL (residual + (x @ W + b)). out: where to write (N, out); it may be
+    `residual` itself. Returns (N, out) in x's dtype, or float32 with out_dtype=torch.float32
+    (bfloat16 models' logits)."""
+    out_dtype = out_dtype or x.dtype
+    code = _DTYPE_CODE[x.dtype] if out_dtype == x.dtype else DTYPE_BF16_F32
+    if x.dtype != w.weight.dtype or (code == DTYPE_BF16_F32 and (x.dtype, out_dtype) != (torch.bfloat16,
+                                                                                         torch.float32)):
+        raise TypeError(f"linear: activations {x.dtype}, weights {w.weight.dtype}, output {out_dtype}")
+    rows = x.shape[0]
+    y = torch.empty((rows, w.n_out), dtype=out_dtype, device=x.device) if out is None else out
+    ln = norm.params.data_ptr() if norm is not None else None
+    handle().kv_linear(code, x.contiguous().data_ptr(), rows, w.n_in, w.weight.data_ptr(), w.bias.data_ptr(),
+                       y.data_ptr(), w.n_out, epilogue, residual.data_ptr() if residual is not None else None,
+                       ln, ln + 4 * w.n_in if ln is not None else None, norm.eps if norm is not None else 0.0)
+    return y
+
+
+def embed(token_ids: torch.Tensor, positions: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor) -> torch.Tensor:
+    """wte[token_ids] + wpe[positions]: (N, C), through csrc/embedding.cpp."""
+    n, C = token_ids.shape[0], wte.shape[1]
+    out = torch.empty((n, C), dtype=wte.dtype, device=wte.device)
+    handle().kv_embed(_DTYPE_CODE[wte.dtype], token_ids.data_ptr(), positions.data_ptr(), n, wte.data_ptr(),
+                      wpe.data_ptr(), C, out.data_ptr())
+    return out
+
+
+def greedy(logits: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Per row of float32 (R, V) logits: out (R, >= 3) float64 gets the first index of the largest logit,
+    its logprob and 1 if the row is finite; lse (R,) float32 gets log(sum(exp)). Each row in one fixed
+    order (csrc/sampling.cpp)."""
+    handle().kv_greedy(logits.data_ptr(), logits.shape[0], logits.shape[1], out.data_ptr(), out.stride(0),
+                       lse.data_ptr())
+
+
+def paged_attention(qkv: torch.Tensor, cache_layer: torch.Tensor, step, n_head: int, block_size: int) -> torch.Tensor:
+    """Writes each token's keys/values to its slot, then attends over its sequence's blocks, through
+    csrc/attention.cpp. qkv: (N, 3C) contiguous; cache_layer: (num_blocks, 2, nh, bs * hd).
+    step: model.kv_cache.StepBatch. Returns (N, C)."""
+    N, C3 = qkv.shape  # N == step.num_tokens
+    C = C3 // 3
+    head_dim = C // n_head
+    out = torch.empty((N, C), dtype=qkv.dtype, device=qkv.device)
+    handle().kv_paged_attention(_DTYPE_CODE[qkv.dtype], qkv.data_ptr(), N, n_head, head_dim, cache_layer.data_ptr(),
+                                block_size, step.slot_mapping.data_ptr(), step.num_seqs, step.query_start.data_ptr(),
+                                step.seq_lens.data_ptr(), step.block_tables.data_ptr(), step.block_tables.stride(0),
+                                step.seq_rows.data_ptr(), 1.0 / math.sqrt(head_dim), out.data_ptr())
+    return out
+
+
+class ExactBackend(KernelBackend):
+    """The step through csrc/forward.cpp in one call (the blocks of model/gpt.py, op for op), and the
+    tied head through csrc/linear.cpp. Reads weights packed here, once: build a new one after changing
+    the model's weights, dtype or device."""
+
+    name = "exact"
+
+    def __init__(self, model) -> None:
+        t = model.transformer
+        self.n_embd, self.n_head, self.dtype = model.config.n_embd, model.config.n_head, model.dtype
+        self.ln_f = PackedNorm.pack(t.ln_f)
+        self.head = PackedWeight.pack(t.wte.weight.t())  # the tied embedding as the head's (C, V) weight
+        blocks = [dict(ln_1=PackedNorm.pack(b.ln_1), c_attn=PackedWeight.pack(b.attn.c_attn.weight, b.attn.c_attn.bias),
+                       attn_proj=PackedWeight.pack(b.attn.c_proj.weight, b.attn.c_proj.bias),
+                       ln_2=PackedNorm.pack(b.ln_2), c_fc=PackedWeight.pack(b.mlp.c_fc.weight, b.mlp.c_fc.bias),
+                       mlp_proj=PackedWeight.pack(b.mlp.c_proj.weight, b.mlp.c_proj.bias)) for b in t.h]
+        layers = (STRUCTS["kv_layer"] * len(blocks))()
+        for layer, block in zip(layers, blocks):
+            for name, packed in block.items():
+                if isinstance(packed, PackedNorm):
+                    setattr(layer, name, packed.params.data_ptr())
+                else:
+                    setattr(layer, f"{name}_w", packed.weight.data_ptr())
+                    setattr(layer, f"{name}_b", packed.bias.data_ptr())
+        wte, wpe = t.wte.weight.detach(), t.wpe.weight.detach()
+        self._keep = (wte, wpe, blocks, layers)  # what the struct points to
+        self.struct = STRUCTS["kv_model"](_DTYPE_CODE[self.dtype], len(blocks), self.n_embd, self.n_head,
+                                          model.config.layer_norm_epsilon, wte.data_ptr(), wpe.data_ptr(), layers)
+        self._cache: weakref.ref | None = None  # the cache whose layer addresses `_pointers` holds
+        self._pointers = None
+
+    def _layer_pointers(self, cache):
+        """The cache's layer addresses as the C array kv_forward reads; a cache's layers never move, so
+        they are gathered once per cache."""
+        if self._cache is None or self._cache() is not cache:
+            self._pointers = (ctypes.c_void_p * len(cache.layers))(*(layer.data_ptr() for layer in cache.layers))
+            self._cache = weakref.ref(cache)
+        return self._pointers
+
+    def forward_step(self, step, cache) -> torch.Tensor:
+        N = step.num_tokens
+        x = torch.empty((N, self.n_embd), dtype=self.dtype, device=step.token_ids.device)  # (N, C)
+        failed = handle().kv_forward(ctypes.byref(self.struct), self._layer_pointers(cache), cache.block_size,
+                                     step.token_ids.data_ptr(), step.positions.data_ptr(), N,
+                                     step.slot_mapping.data_ptr(), step.num_seqs, step.query_start.data_ptr(),
+                                     step.seq_lens.data_ptr(), step.block_tables.data_ptr(),
+                                     step.block_tables.stride(0), step.seq_rows.data_ptr(), x.data_ptr())
+        if failed:  # checked here, not before every step: the kernels refuse what they lack
+            head_dim = self.n_embd // self.n_head
+            if not exact_attention_supported(head_dim, cache.block_size):
+                raise ValueError(f"the exact attention needs head_dim and block_size multiples of 8, got "
+                                 f"{head_dim} and {cache.block_size}")
+            raise RuntimeError("the exact forward refused its arguments (a dtype, head_dim or block size it lacks)")
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return linear(hidden, self.head, norm=self.ln_f, out_dtype=torch.float32)  # (R, V)
