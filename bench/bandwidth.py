@@ -1,10 +1,11 @@
 """Memory read bandwidth and the batch-1 decode bound it implies: `python -m bench.bandwidth`.
 
 Reads a 1 GiB float32 tensor (`sum`, which streams every byte once) several times and reports the
-median GB/s; the decode bound is the bytes one batch-1 step must read (every weight once: the layers,
-the tied head) divided by that bandwidth. Then times the decode step back to back (100 steps per
-sample, context 256, batch 1, 8 and 32), with each kernel set asked for in turns, and gives the
-batch-1 step's share of that bound.
+median GB/s; the decode bound is the bytes one batch-1 step must read (every weight once, as the
+kernels store it: float32, bfloat16 or int8 with its scales; the layers, the tied head) divided by
+that bandwidth. Then times the decode step back to back (--steps per sample, context 256, batch 1, 8
+and 32), with each kernel set asked for in turns, and gives the batch-1 step's share of that bound
+and each step's GFLOP/s (2 per weight per row: the products only).
 """
 from __future__ import annotations
 
@@ -36,8 +37,27 @@ def read_bandwidth(device: torch.device, gib: float, repeats: int) -> float:
     return data.numel() * 4 / sorted(times)[len(times) // 2] / 1e9
 
 
-def decode_steps(model: GPT, batch: int):
-    """A function that runs STEPS_PER_SAMPLE decode steps of `batch` sequences at STEP_CONTEXT, each
+def step_bytes(model: GPT) -> int:
+    """Bytes a batch-1 step reads at least: every product's weights as its kernels store them (the
+    tied head included), and one row each of the two embeddings."""
+    row = model.config.n_embd * model.transformer.wte.weight.element_size()
+    packed = getattr(model.backend, "weight_bytes", None)
+    if packed is not None:
+        return packed + 2 * row
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    positions = model.transformer.wpe.weight
+    return weights - positions.numel() * positions.element_size() + row
+
+
+def step_flops(model: GPT, batch: int) -> float:
+    """Multiply-adds of a step's products, times 2: (layers' weights + the head) per row."""
+    c = model.config
+    per_row = c.n_layer * 12 * c.n_embd ** 2 + c.n_embd * c.vocab_size
+    return 2.0 * per_row * batch
+
+
+def decode_steps(model: GPT, batch: int, steps: int = STEPS_PER_SAMPLE):
+    """A function that runs `steps` decode steps of `batch` sequences at STEP_CONTEXT, each
     over its own blocks (scattered through the cache, as a busy server leaves them)."""
     blocks_each = STEP_CONTEXT // BLOCK_SIZE
     cache = PagedKVCache(model.config, batch * blocks_each + 1, BLOCK_SIZE, dtype=model.dtype, device=model.device)
@@ -47,29 +67,34 @@ def decode_steps(model: GPT, batch: int):
                            model.device)
 
     def run():
-        for _ in range(STEPS_PER_SAMPLE):
+        for _ in range(steps):
             model.compute_logits(model.forward_step(step, cache))
     return run
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = base_parser("python -m bench.bandwidth", __doc__)
+    ap.add_argument("--name", default="bandwidth", help="the result file's name, in --out")
+    ap.add_argument("--steps", type=int, default=STEPS_PER_SAMPLE, help="decode steps per timed sample")
+    ap.add_argument("--repeats", type=int, default=7, help="timed samples per batch size (the median is kept)")
+    ap.add_argument("--batches", type=int, nargs="*", default=[1, 8, 32])
     args = ap.parse_args(argv)
     device, dtype = resolve(args)
     with stock_threads("stock"):  # torch's sum on every core, as the kernels' pool reads
         gbps = read_bandwidth(device, 0.25 if args.quick else 1.0, 3 if args.quick else 9)
-    models = {name: load_model(args.checkpoint, device=device, dtype=dtype, kernels=name)
+    models = {name: load_model(args.checkpoint, device=device, dtype=dtype, kernels=name,
+                               quantization=args.quantization if name == "exact" else None)
               for name in kernel_sets(args, device, dtype)}
     model = next(iter(models.values()))
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    positions = model.transformer.wpe.weight  # a step reads one row of it
-    step_bytes = weight_bytes - positions.numel() * positions.element_size()
-    bound_ms = step_bytes / (gbps * 1e9) * 1e3
-    print(f"read bandwidth {gbps:.1f} GB/s; one batch-1 step reads {step_bytes / 1e6:.1f} MB "
-          f"(weights {weight_bytes / 1e6:.1f} MB); bound {bound_ms:.2f} ms/token")
+    read_bytes = step_bytes(model)
+    bound_ms = read_bytes / (gbps * 1e9) * 1e3
+    print(f"read bandwidth {gbps:.1f} GB/s; one batch-1 step reads {read_bytes / 1e6:.1f} MB "
+          f"(parameters {weight_bytes / 1e6:.1f} MB, quantization {args.quantization}); bound {bound_ms:.2f} ms/token")
     steps = []
-    for batch in (1,) if args.quick else (1, 8, 32):
-        runs = {name: decode_steps(m, batch) for name, m in models.items()}
+    per_sample = args.steps
+    for batch in (1,) if args.quick else args.batches:
+        runs = {name: decode_steps(m, batch, per_sample) for name, m in models.items()}
 
         def timed(name, run):
             def call():
@@ -77,16 +102,18 @@ def main(argv: list[str] | None = None) -> int:
                     run()
             return call
 
-        times = interleaved_medians({n: timed(n, r) for n, r in runs.items()}, device, 3 if args.quick else 7)
-        ms = {name: t["median_s"] / STEPS_PER_SAMPLE * 1e3 for name, t in times.items()}
-        steps.append({"batch": batch, "context": STEP_CONTEXT, "step_ms": ms,
-                      "samples_ms": {n: [s / STEPS_PER_SAMPLE * 1e3 for s in t["samples_s"]] for n, t in times.items()}})
+        times = interleaved_medians({n: timed(n, r) for n, r in runs.items()}, device, 3 if args.quick else args.repeats)
+        ms = {name: t["median_s"] / per_sample * 1e3 for name, t in times.items()}
+        gflops = {name: step_flops(model, batch) / (v * 1e-3) / 1e9 for name, v in ms.items()}
+        steps.append({"batch": batch, "context": STEP_CONTEXT, "step_ms": ms, "gflop_per_s": gflops,
+                      "samples_ms": {n: [s / per_sample * 1e3 for s in t["samples_s"]] for n, t in times.items()}})
         print(f"decode step, batch {batch}, context {STEP_CONTEXT}, back to back: "
-              + ", ".join(f"{name} {v:.2f} ms" for name, v in ms.items()), flush=True)
+              + ", ".join(f"{name} {v:.2f} ms ({gflops[name]:.0f} GFLOP/s)" for name, v in ms.items()), flush=True)
     share = {name: bound_ms / v for name, v in steps[0]["step_ms"].items()}
     print("batch-1 step at " + ", ".join(f"{name} {v:.0%}" for name, v in share.items()) + " of the bandwidth bound")
-    write_result("bandwidth", {"benchmark": "bandwidth", "machine": machine_info(device, dtype),
-                               "read_gb_per_s": gbps, "weight_bytes": weight_bytes, "step_bytes": step_bytes,
+    write_result(args.name, {"benchmark": "bandwidth", "machine": machine_info(device, dtype),
+                               "read_gb_per_s": gbps, "weight_bytes": weight_bytes, "step_bytes": read_bytes,
+                               "quantization": args.quantization,
                                "batch1_bound_ms": bound_ms, "decode_steps": steps,
                                "batch1_share_of_bound": share}, args.out)
     return 0

@@ -32,6 +32,8 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     ap.add_argument("--kernels", default="auto", choices=["auto", "exact", "stock", "both"],
                     help="the step's kernels: ours (exact), torch's (stock), or both side by side "
                          "(default: exact where they run)")
+    ap.add_argument("--quantization", default=None, choices=["int8"],
+                    help="int8: the products' weights quantized at load (model.kernels.int8)")
     return ap
 
 

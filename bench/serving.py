@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name
     flags = [*args.server_flag, "--kernels", "auto" if args.kernels == "both" else args.kernels]
     flags += ["--threads", str(args.threads)] if args.threads else []
+    flags += ["--quantization", args.quantization] if args.quantization else []
     with running_server(args.checkpoint, str(device), args.dtype, out / f"{name}_server.log", flags) as url:
         config = LoadTestConfig(url=url, concurrency=tuple(int(c) for c in args.concurrency.split(",")),
                                 cache_modes=tuple(args.cache_modes.split(",")), num_requests=args.num_requests,

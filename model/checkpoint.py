@@ -83,8 +83,10 @@ def load_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     kernels: str = "auto",
+    quantization: str | None = None,
 ) -> GPT:
-    """The checkpoint's model on `device`, ready for inference with `kernels` (see GPT.prepare_for_inference)."""
+    """The checkpoint's model on `device`, ready for inference with `kernels` and `quantization`
+    (see GPT.prepare_for_inference)."""
     directory = Path(directory or DEFAULT_CHECKPOINT)
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory {directory} does not exist")
@@ -108,7 +110,7 @@ def load_model(
                 f"config.json implies {tuple(expected[key].shape)}"
             )
     model.load_state_dict(state)
-    return model.to(device=device, dtype=dtype).prepare_for_inference(kernels)
+    return model.to(device=device, dtype=dtype).prepare_for_inference(kernels, quantization)
 
 
 def load_tokenizer(directory: str | Path | None = None) -> Tokenizer:

@@ -161,12 +161,18 @@ class GPT(nn.Module):
         """The name of the backend the inference path runs: 'exact' or 'stock'."""
         return self.backend.name
 
-    def prepare_for_inference(self, kernels_name: str = "auto") -> "GPT":
+    @property
+    def quantization(self) -> str | None:
+        """How the inference path's product weights are stored: None (the model's dtype) or 'int8'."""
+        return getattr(self.backend, "quantization", None)
+
+    def prepare_for_inference(self, kernels_name: str = "auto", quantization: str | None = None) -> "GPT":
         """Eval mode, and the inference path's kernel backend, chosen once: 'auto' (exact where they
-        run: model.kernels.kernels_for), 'exact' or 'stock'. The exact kernels read weights packed once
-        here; call again after changing the weights, the dtype or the device."""
+        run: model.kernels.kernels_for), 'exact' or 'stock'; quantization='int8' for int8 weights (made
+        here from the float32 ones). The exact kernels read weights packed once here; call again after
+        changing the weights, the dtype or the device."""
         self.eval()
-        self.backend = kernels.choose_backend(self, kernels_name)
+        self.backend = kernels.choose_backend(self, kernels_name, quantization)
         return self
 
     def forward(self, input_ids: torch.Tensor, attention_out: list[torch.Tensor] | None = None) -> torch.Tensor:

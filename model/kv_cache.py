@@ -8,6 +8,8 @@ engine's business (server/engine/block_manager.py); this module only stores them
 from __future__ import annotations
 
 import ctypes
+import logging
+import os
 import sys
 from dataclasses import dataclass
 
@@ -15,8 +17,37 @@ import torch
 
 from model.config import GPTConfig
 
+log = logging.getLogger("kvserve.kv_cache")
+
 HUGE_PAGE = 2 << 20
 _MADV_HUGEPAGE = 14
+# The default KV cache (no --kv-cache-memory): room for AUTO_KV_SEQUENCES sequences at the model's
+# full context, from its bytes per token, but at most AUTO_KV_FRACTION of the memory free at load
+# (as vLLM's CPU backend sizes its cache from the machine's memory), and at least one sequence.
+AUTO_KV_SEQUENCES = 32
+AUTO_KV_FRACTION = 0.25
+
+
+def available_memory(device: torch.device | str = "cpu") -> int:
+    """Bytes free for new allocations: the GPU's free memory, or Linux's MemAvailable."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def auto_kv_cache_bytes(config: GPTConfig, dtype: torch.dtype, device: torch.device | str = "cpu") -> int:
+    """The default KV cache size for a model: see AUTO_KV_SEQUENCES and AUTO_KV_FRACTION."""
+    per_sequence = config.n_positions * PagedKVCache.bytes_per_token(config, dtype)
+    cap = int(available_memory(device) * AUTO_KV_FRACTION)
+    return max(per_sequence, min(AUTO_KV_SEQUENCES * per_sequence, cap))
 
 
 def zeros_in_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
@@ -100,14 +131,25 @@ class PagedKVCache:
         shape = (num_blocks, 2, config.n_head, block_size * config.head_dim)
         # One tensor per layer: each layer's attention writes and reads its own, in place.
         self.layers = [zeros_in_huge_pages(shape, dtype, device) for _ in range(config.n_layer)]
+        log.info("KV cache: %d blocks of %d tokens, %d tokens in all (%.1f MiB, %s)", num_blocks, block_size,
+                 num_blocks * block_size, self.total_bytes() / 2**20, str(dtype).removeprefix("torch."))
 
     @staticmethod
-    def bytes_per_block(config: GPTConfig, block_size: int, dtype: torch.dtype) -> int:
-        """Keys and values of `block_size` tokens, all layers."""
-        return config.n_layer * 2 * config.n_embd * block_size * torch.empty((), dtype=dtype).element_size()
+    def bytes_per_token(config: GPTConfig, dtype: torch.dtype) -> int:
+        """Keys and values of one token, all layers."""
+        return config.n_layer * 2 * config.n_embd * torch.empty((), dtype=dtype).element_size()
 
     @classmethod
-    def blocks_for_memory(cls, config: GPTConfig, memory_bytes: int, block_size: int, dtype: torch.dtype) -> int:
+    def bytes_per_block(cls, config: GPTConfig, block_size: int, dtype: torch.dtype) -> int:
+        """Keys and values of `block_size` tokens, all layers."""
+        return cls.bytes_per_token(config, dtype) * block_size
+
+    @classmethod
+    def blocks_for_memory(cls, config: GPTConfig, memory_bytes: int | None, block_size: int, dtype: torch.dtype,
+                          device: torch.device | str = "cpu") -> int:
+        """Blocks that fit in memory_bytes; None: the default size, auto_kv_cache_bytes."""
+        if memory_bytes is None:
+            memory_bytes = auto_kv_cache_bytes(config, dtype, device)
         return memory_bytes // cls.bytes_per_block(config, block_size, dtype)
 
     @classmethod

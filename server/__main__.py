@@ -69,13 +69,16 @@ def parser() -> argparse.ArgumentParser:
                           "per token measured at warm-up and corrected as the server runs (default: off, the "
                           "token cap alone)")
     eng.add_argument("--kv-cache-memory", type=parse_bytes, default=defaults.kv_cache_memory,
-                     help="bytes of KV cache for all layers (e.g. 128MiB, 1GB); sets the number of blocks")
+                     help="bytes of KV cache for all layers (e.g. 128MiB, 1GB); sets the number of blocks (default: "
+                          "32 full-context sequences of the model, at most a quarter of the free memory)")
     eng.add_argument("--block-size", type=_at_least(int, 0), default=defaults.block_size,
                      help="tokens per KV-cache block (a multiple of 8 for the exact kernels)")
     eng.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                      help="never reuse the keys and values of a prompt prefix another request computed")
     eng.add_argument("--kernels", default="auto", choices=["auto", "exact", "stock"],
                      help="exact: our bit-exact CPU kernels; stock: torch's (default: exact where they run)")
+    eng.add_argument("--quantization", default=None, choices=["int8"],
+                     help="int8: quantize the weights of every product at load (exact kernels, AVX512-VNNI)")
     eng.add_argument("--threads", type=_at_least(int, 0), default=None,
                      help="CPU threads for the model (default: torch's, one per core)")
     spec = ap.add_argument_group("speculative decoding (see 'Speculative decoding' in README.md)")
@@ -183,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                               kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.prefix_caching,
                               threads=args.threads, kernels=args.kernels, speculative=args.speculative,
                               num_speculative_tokens=args.num_speculative_tokens,
-                              prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max)
+                              prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
+                              quantization=args.quantization)
     except ValueError as e:
         return usage_error(ap, str(e))
     engine_args = EngineArgs(checkpoint=args.checkpoint, device=str(device), dtype=args.dtype, config=config)

@@ -4,6 +4,8 @@
   (`build.py`), their interface declared once in `csrc/api.h` (`interface.py`). Every output element
   is reduced in one fixed order that depends only on the length of the reduction, so cached and
   uncached decoding agree bit for bit.
+- **int8** (`int8.py`): the exact backend with every product's weights quantized to int8 per output
+  column at load, activations per token in the kernel (AVX512-VNNI); still batch-invariant.
 - **stock** (`stock.py`): torch's own kernels. Used on CUDA, for float16 and float64, and on a
   CPU where the exact kernels cannot be built (no compiler, no AVX2); there cached and uncached logits
   agree within a tolerance instead (README.md, "What identical means").
@@ -17,6 +19,7 @@ from model.kernels import stock
 from model.kernels.backend import KernelBackend
 from model.kernels.exact import (GROUP, STRIP, ExactBackend, PackedNorm, PackedWeight, embed, exact_attention_supported,
                                  greedy, linear, paged_attention)
+from model.kernels.int8 import QUANTIZATIONS, Int8Backend, int8_unavailable_reason
 from model.kernels.interface import EPILOGUE_GELU, EPILOGUE_NONE, EPILOGUE_RESIDUAL
 from model.kernels.library import kernels_for, num_threads, set_num_threads, unavailable_reason
 from model.kernels.stock import StockBackend
@@ -24,12 +27,19 @@ from model.kernels.stock import StockBackend
 KERNEL_CHOICES = ("auto", "exact", "stock")
 
 
-def choose_backend(model, name: str = "auto") -> KernelBackend:
+def choose_backend(model, name: str = "auto", quantization: str | None = None) -> KernelBackend:
     """The backend `name` asks for ('auto': exact where it runs, see kernels_for) for a model of
-    model/gpt.py, built from its current weights. Raises ValueError for an unknown name and
-    RuntimeError where the exact kernels were asked for but do not run."""
+    model/gpt.py, built from its current weights; quantization='int8' quantizes its products' weights
+    (exact kernels only). Raises ValueError for an unknown name or a combination that cannot be, and
+    RuntimeError where the kernels asked for do not run here."""
     if name not in KERNEL_CHOICES:
         raise ValueError(f"kernels must be 'auto', 'exact' or 'stock', got {name!r}")
+    if quantization is not None:
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {quantization!r}")
+        if name == "stock":
+            raise ValueError("int8 weights run on the exact kernels only, not with kernels='stock'")
+        return Int8Backend(model)
     runs_here = kernels_for(model.device, model.dtype)
     if not exact_attention_supported(model.config.head_dim, 8):
         runs_here = "stock"
@@ -41,7 +51,7 @@ def choose_backend(model, name: str = "auto") -> KernelBackend:
     return ExactBackend(model) if choice == "exact" else StockBackend(model)
 
 
-__all__ = ["EPILOGUE_GELU", "EPILOGUE_NONE", "EPILOGUE_RESIDUAL", "GROUP", "KERNEL_CHOICES", "STRIP", "ExactBackend",
-           "KernelBackend", "PackedNorm", "PackedWeight", "StockBackend", "choose_backend", "embed",
-           "exact_attention_supported", "greedy", "kernels_for", "linear", "num_threads", "paged_attention",
+__all__ = ["EPILOGUE_GELU", "EPILOGUE_NONE", "EPILOGUE_RESIDUAL", "GROUP", "KERNEL_CHOICES", "QUANTIZATIONS", "STRIP",
+           "ExactBackend", "Int8Backend", "KernelBackend", "PackedNorm", "PackedWeight", "StockBackend", "choose_backend", "embed",
+           "exact_attention_supported", "greedy", "int8_unavailable_reason", "kernels_for", "linear", "num_threads", "paged_attention",
            "set_num_threads", "stock", "unavailable_reason"]

@@ -14,13 +14,21 @@ from dataclasses import dataclass
 import torch
 
 from model.kernels.backend import KernelBackend
-from model.kernels.interface import DTYPE_BF16, DTYPE_BF16_F32, DTYPE_F32, EPILOGUE_NONE, STRUCTS
+from model.kernels.interface import (DTYPE_BF16, DTYPE_BF16_F32, DTYPE_F32, EPILOGUE_NONE, FEATURE_AVX512BF16,
+                                     STRUCTS, WEIGHT_BF16, WEIGHT_BF16_PAIRS, WEIGHT_F32)
 from model.kernels.library import handle
 
 GROUP = 64  # output columns per packed weight group: one task of csrc/linear.cpp
 STRIP = 16  # output columns per strip of a group, each stored k-major
 EXACT_HEAD_DIMS = (8, 16, 32, 64, 128)
 _DTYPE_CODE = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
+_WEIGHT_FORMAT = {torch.float32: WEIGHT_F32, torch.bfloat16: WEIGHT_BF16}
+
+
+def bf16_pairs_available() -> bool:
+    """Whether this build has AVX512-BF16 (vdpbf16ps) for bfloat16 products; else they widen to float32."""
+    lib = handle()
+    return lib is not None and bool(lib.kv_features() & FEATURE_AVX512BF16)
 
 
 def exact_attention_supported(head_dim: int, block_size: int) -> bool:
@@ -31,30 +39,46 @@ def exact_attention_supported(head_dim: int, block_size: int) -> bool:
 class PackedWeight:
     """A linear layer's (in, out) weight packed for csrc/linear.cpp: (groups, 4, in, 16), strips of 16
     columns each stored k-major, zero past `n_out`, with its bias in float32 (zeros where the layer has
-    none), padded to the groups."""
+    none), padded to the groups. int8 weights (model/kernels/int8.py) add per-column scales and offsets."""
 
-    weight: torch.Tensor  # (groups, GROUP // STRIP, n_in, STRIP)
+    weight: torch.Tensor  # (groups, GROUP // STRIP, n_in, STRIP); int8: (groups, 4, n_in / 4, STRIP, 4)
     bias: torch.Tensor  # (groups * GROUP,) float32
     n_in: int
     n_out: int
+    format: int = WEIGHT_F32  # interface.WEIGHT_*: how `weight` is laid out
+    scale: torch.Tensor | None = None  # int8: (groups * GROUP,) float32, each column's scale
+    offset: torch.Tensor | None = None  # int8: (groups * GROUP,) int32, 128 times each column's sum
+
+    def __post_init__(self) -> None:
+        self.struct = STRUCTS["kv_weight"](self.format, self.n_in, self.n_out, self.weight.data_ptr(),
+                                           self.bias.data_ptr(), self.scale.data_ptr() if self.scale is not None
+                                           else None, self.offset.data_ptr() if self.offset is not None else None)
 
     @classmethod
     def pack(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "PackedWeight":
-        """weight: (in, out), GPT-2's Conv1D layout (for the tied head, the embedding transposed)."""
+        """weight: (in, out), GPT-2's Conv1D layout (for the tied head, the embedding transposed).
+        bfloat16 weights go in pairs of k (WEIGHT_BF16_PAIRS) where the library has AVX512-BF16."""
         n_in, n_out = weight.shape
         groups = -(-n_out // GROUP)
-        padded = torch.zeros(n_in, groups * GROUP, dtype=weight.dtype, device=weight.device)  # (in, out padded)
-        padded[:, :n_out] = weight.detach()
-        strips = padded.view(n_in, groups, GROUP // STRIP, STRIP).permute(1, 2, 0, 3)  # (groups, 4, in, STRIP)
-        packed = strips.contiguous()
         b = torch.zeros(groups * GROUP, dtype=torch.float32, device=weight.device)
         if bias is not None:
             b[:n_out] = bias.detach().float()
-        return cls(packed, b, n_in, n_out)
+        if weight.dtype == torch.bfloat16 and bf16_pairs_available():
+            pairs = -(-n_in // 2)
+            padded = torch.zeros(pairs * 2, groups * GROUP, dtype=weight.dtype, device=weight.device)
+            padded[:n_in, :n_out] = weight.detach()
+            packed = padded.view(pairs, 2, groups, GROUP // STRIP, STRIP).permute(2, 3, 0, 4, 1)  # (groups, 4, pairs, 16, 2)
+            return cls(packed.contiguous(), b, n_in, n_out, WEIGHT_BF16_PAIRS)
+        padded = torch.zeros(n_in, groups * GROUP, dtype=weight.dtype, device=weight.device)  # (in, out padded)
+        padded[:, :n_out] = weight.detach()
+        strips = padded.view(n_in, groups, GROUP // STRIP, STRIP).permute(1, 2, 0, 3)  # (groups, 4, in, STRIP)
+        return cls(strips.contiguous(), b, n_in, n_out, _WEIGHT_FORMAT[weight.dtype])
 
     @property
     def nbytes(self) -> int:
-        return self.weight.numel() * self.weight.element_size()
+        """The bytes a product reads for this weight: the weight, its bias, scales and offsets."""
+        parts = [t for t in (self.weight, self.bias, self.scale, self.offset) if t is not None]
+        return sum(t.numel() * t.element_size() for t in parts)
 
 
 @dataclass
@@ -72,22 +96,24 @@ class PackedNorm:
 def linear(x: torch.Tensor, w: PackedWeight, epilogue: int = EPILOGUE_NONE, residual: torch.Tensor | None = None,
            *, norm: PackedNorm | None = None, out: torch.Tensor | None = None,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """epilogue(norm(x) @ W + b) through csrc/linear.cpp. x: (N, in) contiguous, in the weights' dtype.
+    """epilogue(norm(x) @ W + b) through csrc/linear.cpp. x: (N, in) contiguous, in the weights' dtype
+    (float32 for int8 weights).
     norm: a layer norm applied to each row of x first. epilogue: EPILOGUE_NONE, EPILOGUE_GELU (tanh
     GELU) or EPILOGUE_RESIDUAL (residual + (x @ W + b)). out: where to write (N, out); it may be
     `residual` itself. Returns (N, out) in x's dtype, or float32 with out_dtype=torch.float32
     (bfloat16 models' logits)."""
     out_dtype = out_dtype or x.dtype
     code = _DTYPE_CODE[x.dtype] if out_dtype == x.dtype else DTYPE_BF16_F32
-    if x.dtype != w.weight.dtype or (code == DTYPE_BF16_F32 and (x.dtype, out_dtype) != (torch.bfloat16,
-                                                                                         torch.float32)):
+    if code == DTYPE_BF16_F32 and (x.dtype, out_dtype) != (torch.bfloat16, torch.float32):
         raise TypeError(f"linear: activations {x.dtype}, weights {w.weight.dtype}, output {out_dtype}")
     rows = x.shape[0]
     y = torch.empty((rows, w.n_out), dtype=out_dtype, device=x.device) if out is None else out
     ln = norm.params.data_ptr() if norm is not None else None
-    handle().kv_linear(code, x.contiguous().data_ptr(), rows, w.n_in, w.weight.data_ptr(), w.bias.data_ptr(),
-                       y.data_ptr(), w.n_out, epilogue, residual.data_ptr() if residual is not None else None,
-                       ln, ln + 4 * w.n_in if ln is not None else None, norm.eps if norm is not None else 0.0)
+    failed = handle().kv_linear(ctypes.byref(w.struct), code, x.contiguous().data_ptr(), rows, y.data_ptr(), epilogue,
+                                residual.data_ptr() if residual is not None else None, ln,
+                                ln + 4 * w.n_in if ln is not None else None, norm.eps if norm is not None else 0.0)
+    if failed:
+        raise TypeError(f"linear: activations {x.dtype} and weights of format {w.format} do not go together here")
     return y
 
 
@@ -129,26 +155,29 @@ class ExactBackend(KernelBackend):
     the model's weights, dtype or device."""
 
     name = "exact"
+    quantization: str | None = None  # how the products' weights are stored: None (the model's dtype) or 'int8'
+
+    def pack(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
+        """One product's weight (in, out), packed for this backend's kernels."""
+        return PackedWeight.pack(weight, bias)
 
     def __init__(self, model) -> None:
         t = model.transformer
         self.n_embd, self.n_head, self.dtype = model.config.n_embd, model.config.n_head, model.dtype
         self.ln_f = PackedNorm.pack(t.ln_f)
-        self.head = PackedWeight.pack(t.wte.weight.t())  # the tied embedding as the head's (C, V) weight
-        blocks = [dict(ln_1=PackedNorm.pack(b.ln_1), c_attn=PackedWeight.pack(b.attn.c_attn.weight, b.attn.c_attn.bias),
-                       attn_proj=PackedWeight.pack(b.attn.c_proj.weight, b.attn.c_proj.bias),
-                       ln_2=PackedNorm.pack(b.ln_2), c_fc=PackedWeight.pack(b.mlp.c_fc.weight, b.mlp.c_fc.bias),
-                       mlp_proj=PackedWeight.pack(b.mlp.c_proj.weight, b.mlp.c_proj.bias)) for b in t.h]
+        self.head = self.pack(t.wte.weight.t())  # the tied embedding as the head's (C, V) weight
+        blocks = [dict(ln_1=PackedNorm.pack(b.ln_1), c_attn=self.pack(b.attn.c_attn.weight, b.attn.c_attn.bias),
+                       attn_proj=self.pack(b.attn.c_proj.weight, b.attn.c_proj.bias),
+                       ln_2=PackedNorm.pack(b.ln_2), c_fc=self.pack(b.mlp.c_fc.weight, b.mlp.c_fc.bias),
+                       mlp_proj=self.pack(b.mlp.c_proj.weight, b.mlp.c_proj.bias)) for b in t.h]
         layers = (STRUCTS["kv_layer"] * len(blocks))()
         for layer, block in zip(layers, blocks):
             for name, packed in block.items():
-                if isinstance(packed, PackedNorm):
-                    setattr(layer, name, packed.params.data_ptr())
-                else:
-                    setattr(layer, f"{name}_w", packed.weight.data_ptr())
-                    setattr(layer, f"{name}_b", packed.bias.data_ptr())
+                setattr(layer, name, packed.params.data_ptr() if isinstance(packed, PackedNorm) else packed.struct)
         wte, wpe = t.wte.weight.detach(), t.wpe.weight.detach()
         self._keep = (wte, wpe, blocks, layers)  # what the struct points to
+        self.weight_bytes = self.head.nbytes + sum(p.nbytes for b in blocks for p in b.values()
+                                                   if isinstance(p, PackedWeight))
         self.struct = STRUCTS["kv_model"](_DTYPE_CODE[self.dtype], len(blocks), self.n_embd, self.n_head,
                                           model.config.layer_norm_epsilon, wte.data_ptr(), wpe.data_ptr(), layers)
         self._cache: weakref.ref | None = None  # the cache whose layer addresses `_pointers` holds

@@ -29,6 +29,8 @@ def _ctype(declaration: str, structs: dict[str, type] | None = None):
         return ctypes.c_void_p
     if decl == "void":
         return None
+    if structs and decl in structs:
+        return structs[decl]
     if decl not in _SCALARS:
         raise ValueError(f"{HEADER.name}: a type the interface parser does not know: {declaration!r}")
     return _SCALARS[decl]
@@ -72,3 +74,10 @@ EPILOGUE_RESIDUAL = CONSTANTS["KV_EPILOGUE_RESIDUAL"]
 DTYPE_F32 = CONSTANTS["KV_DTYPE_F32"]
 DTYPE_BF16 = CONSTANTS["KV_DTYPE_BF16"]
 DTYPE_BF16_F32 = CONSTANTS["KV_DTYPE_BF16_F32"]
+WEIGHT_F32 = CONSTANTS["KV_WEIGHT_F32"]
+WEIGHT_BF16 = CONSTANTS["KV_WEIGHT_BF16"]
+WEIGHT_INT8 = CONSTANTS["KV_WEIGHT_INT8"]
+WEIGHT_BF16_PAIRS = CONSTANTS["KV_WEIGHT_BF16_PAIRS"]
+FEATURE_AVX512F = CONSTANTS["KV_FEATURE_AVX512F"]
+FEATURE_AVX512BF16 = CONSTANTS["KV_FEATURE_AVX512BF16"]
+FEATURE_AVX512VNNI = CONSTANTS["KV_FEATURE_AVX512VNNI"]

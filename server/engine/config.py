@@ -13,7 +13,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 128  # tokens one step computes (decode rows and prompt chunks): a hard cap
     target_step_ms: float | None = None  # prompt chunks sized so a step with decode rows takes about this (None: off)
     block_size: int = 16  # tokens per KV-cache block
-    kv_cache_memory: int = DEFAULT_KV_CACHE_MEMORY  # bytes of KV cache, all layers; sets the number of blocks
+    kv_cache_memory: int | None = None  # bytes of KV cache, all layers (None: model.kv_cache.auto_kv_cache_bytes)
     num_blocks: int | None = None  # the number of blocks outright (tests); overrides kv_cache_memory
     enable_prefix_caching: bool = True
     threads: int | None = None  # CPU threads of the engine's kernels (None: torch's default, one per core)
@@ -22,6 +22,7 @@ class EngineConfig:
     num_speculative_tokens: int = 4  # K, the most draft tokens a request verifies in one step
     prompt_lookup_min: int = 2  # the shortest n-gram a draft is looked up by
     prompt_lookup_max: int = 4  # the longest
+    quantization: str | None = None  # None or 'int8': the products' weights (model.kernels.choose_backend)
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

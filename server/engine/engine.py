@@ -108,7 +108,8 @@ class Engine:
     def from_args(cls, args: EngineArgs) -> "Engine":
         """Loads the checkpoint onto the device; the engine is not started."""
         device = resolve_device(args.device)
-        model = load_model(args.checkpoint, device=device, dtype=resolve_dtype(args.dtype), kernels=args.config.kernels)
+        model = load_model(args.checkpoint, device=device, dtype=resolve_dtype(args.dtype), kernels=args.config.kernels,
+                           quantization=args.config.quantization)
         return cls(model, load_tokenizer(args.checkpoint), args.config, name=Path(args.checkpoint).name)
 
     # ---- what callers see -------------------------------------------------------------------------

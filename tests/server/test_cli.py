@@ -23,6 +23,13 @@ def test_engine_flags_default_to_the_engine_config():
         config.block_size, config.enable_prefix_caching)
 
 
+def test_quantization_flag_reaches_the_engine_config():
+    assert parse_args([]).quantization is None and EngineConfig().quantization is None
+    assert parse_args(["--quantization", "int8"]).quantization == "int8"
+    with pytest.raises(SystemExit):
+        parse_args(["--quantization", "int4"])
+
+
 def test_flags_parse():
     args = parse_args(["--checkpoint", "x", "--max-num-seqs", "4", "--max-waiting", "9", "--port", "0"])
     assert (str(args.checkpoint), args.max_num_seqs, args.max_waiting, args.port) == ("x", 4, 9, 0)

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 // The version of this interface, which the loader checks the library against.
-enum { KV_ABI_VERSION = 2 };
+enum { KV_ABI_VERSION = 3 };
 
 // What a product adds after the bias, per output element.
 enum {
@@ -26,19 +26,42 @@ enum {
   KV_DTYPE_BF16_F32 = 2,  // bfloat16 activations and weights, float32 outputs (a bfloat16 model's logits)
 };
 
-// One block's packed weights (model/kernels/exact.py, ExactBackend): each product's weight and
-// float32 bias, and each layer norm's float32 (weight, bias) pair, (2, C).
+// How a product's weight is stored (model/kernels/exact.py and int8.py pack them).
+enum {
+  KV_WEIGHT_F32 = 0,   // float32, (groups, 4, K, 16): strips of 16 columns, k-major
+  KV_WEIGHT_BF16 = 1,  // bfloat16, the same layout
+  KV_WEIGHT_INT8 = 2,  // int8, (groups, 4, K / 4, 16, 4): k in quads, for VNNI; per-column scales
+  KV_WEIGHT_BF16_PAIRS = 3,  // bfloat16, (groups, 4, K / 2, 16, 2): k in pairs, for vdpbf16ps
+};
+
+// Which instruction sets this build of the library uses (kv_features), bit by bit.
+enum {
+  KV_FEATURE_AVX512F = 1,     // 16-lane float32 products
+  KV_FEATURE_AVX512BF16 = 2,  // vdpbf16ps for bfloat16 weights
+  KV_FEATURE_AVX512VNNI = 4,  // vpdpbusd for int8 weights
+};
+
+// One product's packed weight, its float32 bias (zeros where the layer has none) and, for int8,
+// its per-output-column scale and offset (128 times the column's sum: the activations are stored
+// unsigned, shifted by 128). bias, scale and offset are padded to the groups of 64 columns.
+struct kv_weight {
+  int64_t format;
+  int64_t n_in;
+  int64_t n_out;
+  const void* data;
+  const float* bias;
+  const float* scale;
+  const int32_t* offset;
+};
+
+// One block's packed weights and each layer norm's float32 (weight, bias) pair, (2, C).
 struct kv_layer {
   const float* ln_1;
-  const void* c_attn_w;
-  const float* c_attn_b;
-  const void* attn_proj_w;
-  const float* attn_proj_b;
+  kv_weight c_attn;
+  kv_weight attn_proj;
   const float* ln_2;
-  const void* c_fc_w;
-  const float* c_fc_b;
-  const void* mlp_proj_w;
-  const float* mlp_proj_b;
+  kv_weight c_fc;
+  kv_weight mlp_proj;
 };
 
 // The whole network for kv_forward.
@@ -60,13 +83,14 @@ int kv_abi_version();
 void kv_set_num_threads(int n);
 int kv_num_threads();
 void kv_set_spin_us(int64_t microseconds);
+int64_t kv_features();
 
-// y = epilogue(norm(x) @ W + b) (csrc/linear.cpp). ln_weight, ln_bias: (K,) float32, a layer norm
-// applied to each input row first, or null. residual may be y itself (an in-place x += ...).
-// Returns 0, or -1 for an unknown dtype.
-int kv_linear(int dtype, const void* x, int64_t rows, int64_t K, const void* w, const float* bias, void* y,
-              int64_t O, int epilogue, const void* residual, const float* ln_weight, const float* ln_bias,
-              float ln_eps);
+// y = epilogue(norm(x) @ W + b) (csrc/linear.cpp, linear_q8.cpp). x: (rows, w.n_in), y: (rows,
+// w.n_out). ln_weight, ln_bias: (K,) float32, a layer norm applied to each input row first, or null.
+// residual may be y itself (an in-place x += ...). int8 weights take float32 activations. Returns 0,
+// or -1 for a dtype and weight format that do not go together or that this build lacks.
+int kv_linear(const kv_weight* w, int dtype, const void* x, int64_t rows, void* y, int epilogue,
+              const void* residual, const float* ln_weight, const float* ln_bias, float ln_eps);
 
 // out[i] = wte[ids[i]] + wpe[positions[i]] (csrc/embedding.cpp).
 int kv_embed(int dtype, const int64_t* ids, const int64_t* positions, int64_t n, const void* wte, const void* wpe,

@@ -15,7 +15,10 @@
 #include <vector>
 
 #include "api.h"
+#include "epilogue.h"
 #include "layer_norm.h"
+#include "linear_bf16.h"
+#include "linear_q8.h"
 #include "thread_pool.h"
 #include "vec.h"
 
@@ -63,52 +66,67 @@ inline void tile(const float* x, int64_t K, const W* ws, __m256 (&out)[R][2 * S]
     for (int c = 0; c < 2 * S; ++c) out[r][c] = acc[r][c];
 }
 
-template <typename T> struct Output {
-  T* y;                // (rows, O)
-  const T* residual;   // (rows, O) or null
-  const float* bias;   // (O padded to the group), float32
-  int64_t O;
-  int epilogue;
-};
+#ifdef __AVX512F__
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const bf16* p) {
+  const __m512i widened = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(widened, 16));
+}
 
-// Adds the bias, applies the epilogue and stores R rows x (8 * NV) columns from column `col`.
-template <int R, int NV, typename T>
-inline void finish(const Output<T>& out, int64_t row, int64_t col, __m256 acc[R][NV]) {
-  for (int c = 0; c < NV; ++c) {
-    const int64_t o = col + 8 * c;
-    if (o >= out.O) return;
-    const int n = int(std::min<int64_t>(8, out.O - o));
-    const __m256 b = load8(out.bias + o);
-    for (int r = 0; r < R; ++r) {
-      __m256 v = _mm256_add_ps(acc[r][c], b);
-      if (out.epilogue == KV_EPILOGUE_GELU) v = gelu8(v);
-      const int64_t at = (row + r) * out.O + o;
-      if (out.epilogue == KV_EPILOGUE_RESIDUAL)
-        v = _mm256_add_ps(n == 8 ? load8(out.residual + at) : load_partial(out.residual + at, n), v);
-      if (n == 8) store8(out.y + at, v);
-      else store_partial(out.y + at, v, n);
+// The same sums as `tile`, one strip per 16-lane register, all four strips of the group at once:
+// acc = fma(x[r][k], W[k][o], acc) for k in order, as on the AVX2 path, so both give the same bits.
+// R <= 6: 4R accumulators, 4 weights and a broadcast fit the 32 registers.
+template <int R, typename W>
+inline void tile16(const float* x, int64_t K, const W* wg, __m256 (&out)[R][2 * kStrips]) {
+  __m512 acc[R][kStrips];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int s = 0; s < kStrips; ++s) acc[r][s] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+#pragma GCC unroll 4
+    for (int s = 0; s < kStrips; ++s) {
+      const W* wk = wg + (s * K + k) * kStrip;
+      const __m512 w = load16(wk);
+      if (R > 1) _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetchAhead * kStrip), _MM_HINT_T0);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][s] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * K + k]), w, acc[r][s]);
     }
   }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int s = 0; s < kStrips; ++s) {
+      out[r][2 * s] = low_half(acc[r][s]);
+      out[r][2 * s + 1] = high_half(acc[r][s]);
+    }
 }
+#endif
 
 // Rows [row, row + R) against one group, S strips per tile: enough accumulators to keep the FMA
 // pipes busy (8 to 12) and few enough to stay in the 16 registers with the weights and a broadcast.
 template <int R, typename W, typename T>
 inline void rows_by_group(const float* x, int64_t K, const W* wg, const Output<T>& out, int64_t row, int64_t col) {
+#ifdef __AVX512F__
+  __m256 sums[R][2 * kStrips];
+  tile16<R>(x + row * K, K, wg, sums);
+  finish<R, 2 * kStrips>(out, row, col, sums);
+#else
   constexpr int S = R == 1 ? 4 : R <= 3 ? 2 : 1;
   for (int64_t s = 0; s < kStrips; s += S) {
     __m256 acc[R][2 * S];
     tile<R, S>(x + row * K, K, wg + s * K * kStrip, acc);
     finish<R, 2 * S>(out, row, col + s * kStrip, acc);
   }
+#endif
 }
 
 template <typename W, typename T>
 void run_rows(const float* x, int64_t K, const W* wg, const Output<T>& out, int64_t row, int64_t rows, int64_t col) {
   for (int64_t r = row; r < row + rows; r += kRowTile) {
     switch (std::min<int64_t>(kRowTile, row + rows - r)) {
-      case KV_DTYPE_BF16: rows_by_group<1>(x, K, wg, out, r, col); break;
-      case KV_DTYPE_BF16_F32: rows_by_group<2>(x, K, wg, out, r, col); break;
+      case 1: rows_by_group<1>(x, K, wg, out, r, col); break;
+      case 2: rows_by_group<2>(x, K, wg, out, r, col); break;
       case 3: rows_by_group<3>(x, K, wg, out, r, col); break;
       case 4: rows_by_group<4>(x, K, wg, out, r, col); break;
       case 5: rows_by_group<5>(x, K, wg, out, r, col); break;
@@ -116,12 +134,6 @@ void run_rows(const float* x, int64_t K, const W* wg, const Output<T>& out, int6
     }
   }
 }
-
-struct Norm {
-  const float* weight;  // (K,) float32, or null: no layer norm before the product
-  const float* bias;    // (K,) float32
-  float eps;
-};
 
 template <typename X, typename W, typename T>
 void linear(const X* x_in, int64_t rows, int64_t K, const W* w, const float* bias, T* y, int64_t O, int epilogue,
@@ -160,23 +172,38 @@ void linear(const X* x_in, int64_t rows, int64_t K, const W* w, const float* bia
 
 extern "C" {
 
-int kv_linear(int dtype, const void* x, int64_t rows, int64_t K, const void* w, const float* bias, void* y,
-              int64_t O, int epilogue, const void* residual, const float* ln_weight, const float* ln_bias,
-              float ln_eps) {
+int kv_linear(const kv_weight* w, int dtype, const void* x, int64_t rows, void* y, int epilogue,
+              const void* residual, const float* ln_weight, const float* ln_bias, float ln_eps) {
   using kv::bf16;
   const kv::Norm norm{ln_weight, ln_bias, ln_eps};
+  const int64_t K = w->n_in, O = w->n_out;
+  if (w->format == KV_WEIGHT_INT8) {
+    if (dtype != KV_DTYPE_F32) return -1;
+    return kv::linear_q8(*w, static_cast<const float*>(x), rows, static_cast<float*>(y), epilogue,
+                         static_cast<const float*>(residual), norm);
+  }
+  if (w->format == KV_WEIGHT_BF16_PAIRS) {
+    if (dtype == KV_DTYPE_BF16)
+      return kv::linear_bf16(*w, static_cast<const bf16*>(x), rows, static_cast<bf16*>(y), epilogue,
+                             static_cast<const bf16*>(residual), norm);
+    if (dtype == KV_DTYPE_BF16_F32)
+      return kv::linear_bf16(*w, static_cast<const bf16*>(x), rows, static_cast<float*>(y), epilogue,
+                             static_cast<const float*>(residual), norm);
+    return -1;
+  }
+  if ((w->format == KV_WEIGHT_F32) != (dtype == KV_DTYPE_F32)) return -1;
   switch (dtype) {
     case KV_DTYPE_F32:
-      kv::linear(static_cast<const float*>(x), rows, K, static_cast<const float*>(w), bias, static_cast<float*>(y),
-                 O, epilogue, static_cast<const float*>(residual), norm);
+      kv::linear(static_cast<const float*>(x), rows, K, static_cast<const float*>(w->data), w->bias,
+                 static_cast<float*>(y), O, epilogue, static_cast<const float*>(residual), norm);
       return 0;
     case KV_DTYPE_BF16:
-      kv::linear(static_cast<const bf16*>(x), rows, K, static_cast<const bf16*>(w), bias, static_cast<bf16*>(y), O,
-                 epilogue, static_cast<const bf16*>(residual), norm);
+      kv::linear(static_cast<const bf16*>(x), rows, K, static_cast<const bf16*>(w->data), w->bias,
+                 static_cast<bf16*>(y), O, epilogue, static_cast<const bf16*>(residual), norm);
       return 0;
     case KV_DTYPE_BF16_F32:
-      kv::linear(static_cast<const bf16*>(x), rows, K, static_cast<const bf16*>(w), bias, static_cast<float*>(y),
-                 O, epilogue, static_cast<const float*>(residual), norm);
+      kv::linear(static_cast<const bf16*>(x), rows, K, static_cast<const bf16*>(w->data), w->bias,
+                 static_cast<float*>(y), O, epilogue, static_cast<const float*>(residual), norm);
       return 0;
     default:
       return -1;

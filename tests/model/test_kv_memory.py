@@ -1,0 +1,47 @@
+"""The default KV cache size: derived from the model's bytes per token and the memory free at load."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from model import kv_cache
+from model.config import GPTConfig
+from model.kv_cache import AUTO_KV_FRACTION, AUTO_KV_SEQUENCES, PagedKVCache, auto_kv_cache_bytes
+
+GPT2 = GPTConfig(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+
+
+def test_bytes_per_token_is_keys_and_values_of_every_layer():
+    assert PagedKVCache.bytes_per_token(GPT2, torch.float32) == 12 * 2 * 768 * 4
+    assert PagedKVCache.bytes_per_block(GPT2, 16, torch.bfloat16) == 12 * 2 * 768 * 2 * 16
+
+
+def test_default_holds_32_full_sequences_when_memory_allows(monkeypatch):
+    monkeypatch.setattr(kv_cache, "available_memory", lambda device="cpu": 1 << 40)
+    per_sequence = 1024 * PagedKVCache.bytes_per_token(GPT2, torch.float32)
+    assert auto_kv_cache_bytes(GPT2, torch.float32) == AUTO_KV_SEQUENCES * per_sequence
+    blocks = PagedKVCache.blocks_for_memory(GPT2, None, 16, torch.float32)
+    assert blocks * 16 == AUTO_KV_SEQUENCES * 1024
+
+
+def test_default_takes_at_most_its_share_of_free_memory_and_at_least_one_sequence(monkeypatch):
+    per_sequence = 1024 * PagedKVCache.bytes_per_token(GPT2, torch.float32)
+    monkeypatch.setattr(kv_cache, "available_memory", lambda device="cpu": 10 * per_sequence)
+    assert auto_kv_cache_bytes(GPT2, torch.float32) == int(10 * per_sequence * AUTO_KV_FRACTION)
+    monkeypatch.setattr(kv_cache, "available_memory", lambda device="cpu": per_sequence)
+    assert auto_kv_cache_bytes(GPT2, torch.float32) == per_sequence
+
+
+def test_an_explicit_size_overrides_the_default():
+    assert PagedKVCache.blocks_for_memory(GPT2, 16 * 2**20, 16, torch.float32) == 16 * 2**20 // (16 * 73728)
+
+
+def test_available_memory_is_positive():
+    assert kv_cache.available_memory() > 0
+
+
+def test_the_cache_logs_the_tokens_it_holds(caplog, tiny_config):
+    with caplog.at_level(logging.INFO, logger="kvserve.kv_cache"):
+        PagedKVCache(tiny_config, 5, 16)
+    assert "80 tokens in all" in caplog.text
