@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                     run()
             return call
 
-        times = interleaved_medians({n: timed(n, r) for n, r in runs.items()}, device, 3 if args.quick else args.repeats)
+        repeats = 3 if args.quick else args.repeats
+        times = interleaved_medians({n: timed(n, r) for n, r in runs.items()}, device, repeats)
         ms = {name: t["median_s"] / per_sample * 1e3 for name, t in times.items()}
         gflops = {name: step_flops(model, batch) / (v * 1e-3) / 1e9 for name, v in ms.items()}
         steps.append({"batch": batch, "context": STEP_CONTEXT, "step_ms": ms, "gflop_per_s": gflops,

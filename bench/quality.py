@@ -75,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = {"bits_per_byte": nll[name] / math.log(2) / scored_bytes, "kl_nats": kl[name] / scored,
                       "top1_agreement": agree[name] / scored, "dtype": str(CONFIGS[name][0]).removeprefix("torch."),
                       "quantization": CONFIGS[name][1]}
-        print(f"{name:9s} bits/byte {rows[name]['bits_per_byte']:.4f} (Δ {rows[name]['bits_per_byte'] - rows['float32']['bits_per_byte']:+.4f})"
-              f"  KL {rows[name]['kl_nats']:.2e} nats  top-1 {rows[name]['top1_agreement']:.2%}", flush=True)
+        row, delta = rows[name], rows[name]["bits_per_byte"] - rows["float32"]["bits_per_byte"]
+        print(f"{name:9s} bits/byte {row['bits_per_byte']:.4f} (Δ {delta:+.4f})  KL {row['kl_nats']:.2e} nats  "
+              f"top-1 {row['top1_agreement']:.2%}", flush=True)
     write_result("quality", {"benchmark": "quality", "machine": machine_info(device), "checkpoint": args.checkpoint,
                              "tokens": scored, "bytes": scored_bytes, "results": rows}, args.out)
     return 0

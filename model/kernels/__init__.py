@@ -51,7 +51,8 @@ def choose_backend(model, name: str = "auto", quantization: str | None = None) -
     return ExactBackend(model) if choice == "exact" else StockBackend(model)
 
 
-__all__ = ["EPILOGUE_GELU", "EPILOGUE_NONE", "EPILOGUE_RESIDUAL", "GROUP", "KERNEL_CHOICES", "QUANTIZATIONS", "STRIP",
-           "ExactBackend", "Int8Backend", "KernelBackend", "PackedNorm", "PackedWeight", "StockBackend", "choose_backend", "embed",
-           "exact_attention_supported", "greedy", "int8_unavailable_reason", "kernels_for", "linear", "num_threads", "paged_attention",
-           "set_num_threads", "stock", "unavailable_reason"]
+__all__ = ["EPILOGUE_GELU", "EPILOGUE_NONE", "EPILOGUE_RESIDUAL", "GROUP", "KERNEL_CHOICES", "QUANTIZATIONS",
+           "STRIP", "ExactBackend", "Int8Backend", "KernelBackend", "PackedNorm", "PackedWeight", "StockBackend",
+           "choose_backend", "embed", "exact_attention_supported", "greedy", "int8_unavailable_reason",
+           "kernels_for", "linear", "num_threads", "paged_attention", "set_num_threads", "stock",
+           "unavailable_reason"]
