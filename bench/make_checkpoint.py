@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from model.checkpoint import save_checkpoint
+from model.checkpoint import load_tokenizer, save_checkpoint
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.tokenizer import train_tokenizer
@@ -59,9 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="gpt2")
     ap.add_argument("--text-mb", type=int, default=64, help="how much of the machine's text trains the tokenizer")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokenizer-from", default=None, metavar="CHECKPOINT",
+                    help="reuse this checkpoint's 50,257-token tokenizer instead of training one")
     args = ap.parse_args(argv)
     start = time.perf_counter()
-    tokenizer = train_tokenizer(machine_text(args.text_mb << 20), vocab_size=GPT2_VOCAB)
+    if args.tokenizer_from:
+        tokenizer = load_tokenizer(args.tokenizer_from)
+    else:
+        tokenizer = train_tokenizer(machine_text(args.text_mb << 20), vocab_size=GPT2_VOCAB)
     if tokenizer.vocab_size != GPT2_VOCAB:
         print(f"the machine's text gave only {tokenizer.vocab_size} tokens, not {GPT2_VOCAB}: raise --text-mb",
               file=sys.stderr)
