@@ -56,17 +56,22 @@ def load_state_dict(directory: Path, config: GPTConfig) -> dict[str, torch.Tenso
     return state
 
 
+def _load_config(directory: Path) -> GPTConfig:
+    """The checkpoint's config.json, or CheckpointError with one line (no directory, no file, a bad config)."""
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint directory {directory} does not exist")
+    try:
+        return GPTConfig.load(_require(directory, CONFIG_FILE))
+    except ConfigError as e:
+        raise CheckpointError(f"{directory}: {e}") from e
+
+
 def inspect_checkpoint(directory: str | Path) -> GPTConfig:
     """What loading would find wrong with the files, found in milliseconds without loading them: each file
     is there, config.json is a config this project runs, model.safetensors' header is whole and covers
     the file (a truncated copy fails here). Returns the config; raises CheckpointError with one line."""
     directory = Path(directory)
-    if not directory.is_dir():
-        raise CheckpointError(f"checkpoint directory {directory} does not exist")
-    try:
-        config = GPTConfig.load(_require(directory, CONFIG_FILE))
-    except ConfigError as e:
-        raise CheckpointError(f"{directory}: {e}") from e
+    config = _load_config(directory)
     weights = _require(directory, WEIGHTS_FILE)
     try:
         with safe_open(str(weights), framework="pt"):
@@ -88,12 +93,7 @@ def load_model(
     """The checkpoint's model on `device`, ready for inference with `kernels` and `quantization`
     (see GPT.prepare_for_inference)."""
     directory = Path(directory or DEFAULT_CHECKPOINT)
-    if not directory.is_dir():
-        raise CheckpointError(f"checkpoint directory {directory} does not exist")
-    try:
-        config = GPTConfig.load(_require(directory, CONFIG_FILE))
-    except ConfigError as e:
-        raise CheckpointError(f"{directory}: {e}") from e
+    config = _load_config(directory)
     model = GPT(config)
     state = load_state_dict(directory, config)
     expected = model.state_dict()
