@@ -129,3 +129,27 @@ def test_int8_model_stays_close_to_float32(default_model, default_tokenizer):
     kl = (want.exp() * (want - ours)).sum(-1)
     assert (kl < 0.02).all(), f"KL {kl}"
     assert (ours.argmax(-1) == want.argmax(-1)).float().mean() >= 2 / 3
+
+
+@pytest.fixture
+def amx():
+    """Whether the int8 products can use AMX tiles here; turned back on after the test."""
+    from model.kernels.library import handle
+    lib = handle()
+    yield lib
+    lib.kv_set_amx(1)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 15, 16, 17, 33, 70])
+def test_amx_tiles_give_the_vnni_bits_row_for_row(layer, amx, rows):
+    if not amx.kv_set_amx(1):
+        pytest.skip("no AMX int8 tiles here (CPU, compiler or kernel)")
+    W, b, packed = layer
+    x = rand(rows, W.shape[0], seed=rows)
+    residual = rand(rows, W.shape[1], seed=7)
+    norm = PackedNorm.pack(torch.nn.LayerNorm(W.shape[0]))
+    tiles = kernels.linear(x, packed, EPILOGUE_RESIDUAL, residual.clone(), norm=norm)
+    amx.kv_set_amx(0)
+    vnni = kernels.linear(x, packed, EPILOGUE_RESIDUAL, residual.clone(), norm=norm)
+    assert torch.equal(tiles, vnni)
+    assert torch.equal(tiles[-1:], kernels.linear(x[-1:], packed, EPILOGUE_RESIDUAL, residual[-1:].clone(), norm=norm))

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 // The version of this interface, which the loader checks the library against.
-enum { KV_ABI_VERSION = 3 };
+enum { KV_ABI_VERSION = 4 };
 
 // What a product adds after the bias, per output element.
 enum {
@@ -39,6 +39,7 @@ enum {
   KV_FEATURE_AVX512F = 1,     // 16-lane float32 products
   KV_FEATURE_AVX512BF16 = 2,  // vdpbf16ps for bfloat16 weights
   KV_FEATURE_AVX512VNNI = 4,  // vpdpbusd for int8 weights
+  KV_FEATURE_AMX_INT8 = 8,     // AMX tiles (tdpbusd) for int8 weights, granted by the OS to this process
 };
 
 // One product's packed weight, its float32 bias (zeros where the layer has none) and, for int8,
@@ -84,6 +85,8 @@ void kv_set_num_threads(int n);
 int kv_num_threads();
 void kv_set_spin_us(int64_t microseconds);
 int64_t kv_features();
+// Lets the int8 products use AMX tiles (the default) or not; returns 1 where they can run at all.
+int kv_set_amx(int enabled);
 
 // y = epilogue(norm(x) @ W + b) (csrc/linear.cpp, linear_q8.cpp). x: (rows, w.n_in), y: (rows,
 // w.n_out). ln_weight, ln_bias: (K,) float32, a layer norm applied to each input row first, or null.

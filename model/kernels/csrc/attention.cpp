@@ -70,11 +70,33 @@ inline void prefetch(const T* p, int64_t elems) {
   for (int64_t at = 0; at < elems * int64_t(sizeof(T)); at += 64) _mm_prefetch(c + at, _MM_HINT_T0);
 }
 
+// Scores of G groups of 8 keys at once, each group's two chains (even and odd d) as in the order
+// above: the groups are independent, so interleaving them only hides the FMA latency (a lone
+// group's 2 chains of hd / 2 dependent FMAs wait on it); no lane's sequence changes.
+template <int G, int HD, typename T>
+inline void score_groups(const float* q, const T* const* keys, int64_t bs, float* const* out, __m256 scale) {
+  __m256 even[G], odd[G];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+  for (int64_t d = 0; d < HD; d += 2) {
+    const __m256 qe = _mm256_set1_ps(q[d]), qo = _mm256_set1_ps(q[d + 1]);
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      even[g] = _mm256_fmadd_ps(qe, load8(keys[g] + d * bs), even[g]);
+      odd[g] = _mm256_fmadd_ps(qo, load8(keys[g] + (d + 1) * bs), odd[g]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) _mm256_storeu_ps(out[g], _mm256_mul_ps(_mm256_add_ps(even[g], odd[g]), scale));
+}
+
 // One (token, head): NV = head_dim / 8 vectors per key, so the sums stay in registers.
 template <int NV, typename T>
 void attend_one(const T* q_in, const T* cache, const int32_t* blocks, int64_t n, int64_t head, const Step& s,
                 std::vector<float>& scores, T* out) {
   constexpr int64_t hd = 8 * NV;
+  constexpr int kGroups = 4;  // groups of 8 keys scored together: 8 independent chains
   const int64_t bs = s.block_size, C = s.heads * hd;
   const int64_t block_elems = 2 * C * bs;
   alignas(32) float q[hd];
@@ -84,18 +106,26 @@ void attend_one(const T* q_in, const T* cache, const int32_t* blocks, int64_t n,
   float* sc = scores.data();
   const __m256 scale = _mm256_set1_ps(s.scale);
   const int64_t num_blocks = (n + bs - 1) / bs;
+  const T* group_keys[kGroups];
+  float* group_out[kGroups];
+  int pending = 0;
   for (int64_t j0 = 0, b = 0; j0 < n; j0 += bs, ++b) {
     const T* keys = cache + int64_t(blocks[b]) * block_elems + head * hd * bs;  // [hd][bs]
     if (b + 1 < num_blocks) prefetch(cache + int64_t(blocks[b + 1]) * block_elems + head * hd * bs, hd * bs);
     for (int64_t c = 0; c < bs; c += 8) {
-      __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
-#pragma GCC unroll 16
-      for (int64_t d = 0; d < hd; d += 2) {
-        even = _mm256_fmadd_ps(_mm256_set1_ps(q[d]), load8(keys + d * bs + c), even);
-        odd = _mm256_fmadd_ps(_mm256_set1_ps(q[d + 1]), load8(keys + (d + 1) * bs + c), odd);
+      group_keys[pending] = keys + c;
+      group_out[pending] = sc + j0 + c;
+      if (++pending == kGroups) {
+        score_groups<kGroups, hd>(q, group_keys, bs, group_out, scale);
+        pending = 0;
       }
-      _mm256_storeu_ps(sc + j0 + c, _mm256_mul_ps(_mm256_add_ps(even, odd), scale));
     }
+  }
+  switch (pending) {
+    case 1: score_groups<1, hd>(q, group_keys, bs, group_out, scale); break;
+    case 2: score_groups<2, hd>(q, group_keys, bs, group_out, scale); break;
+    case 3: score_groups<3, hd>(q, group_keys, bs, group_out, scale); break;
+    default: break;
   }
   // keys past n (the rest of the last block) count for nothing: -inf scores, never a value read
   for (int64_t j = n; j < padded; ++j) sc[j] = -INFINITY;

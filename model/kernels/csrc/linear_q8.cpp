@@ -18,6 +18,7 @@
 
 #include "layer_norm.h"
 #include "linear_q8.h"
+#include "linear_q8_amx.h"
 #include "thread_pool.h"
 
 namespace kv {
@@ -29,6 +30,7 @@ constexpr int64_t kGroup = 64, kStrip = 16, kStrips = 4;
 constexpr int64_t kRowTile = 6;    // rows sharing each weight load: 24 accumulators + 4 weights fit 32 registers
 constexpr int64_t kRowBlock = 96;  // rows per task when there are many (a multiple of kRowTile)
 constexpr int64_t kPrefetchAhead = 32;  // quads (cache lines of a strip) asked for ahead, for multi-row tiles
+constexpr int64_t kAmxMinRows = 4;      // from this many rows on, AMX tiles (same bits, see linear_q8_amx.cpp)
 
 // One row to unsigned bytes: q[k] = rne(x[k] * 127 / amax) + 128, and 128 (zero) from K up to Kp.
 // scale = amax / 127; NaN where the row holds a NaN or an infinity, so that its outputs are NaN too.
@@ -107,9 +109,11 @@ inline void rows_by_group(const uint8_t* q, const float* sx, int64_t Kp, const i
 int linear_q8(const kv_weight& w, const float* x, int64_t rows, float* y, int epilogue, const float* residual,
               const Norm& norm) {
   const int64_t K = w.n_in, O = w.n_out, Kp = (K + 3) / 4 * 4;
+  const bool amx = rows >= kAmxMinRows && Kp % 64 == 0 && amx_int8_ready();
+  const int64_t stored_rows = (rows + 15) / 16 * 16;  // whole tiles of 16 rows for AMX to read
   thread_local std::vector<uint8_t> quantized;
   thread_local std::vector<float> scales;
-  if (quantized.size() < size_t(rows * Kp)) quantized.resize(size_t(rows * Kp));
+  if (quantized.size() < size_t(stored_rows * Kp)) quantized.resize(size_t(stored_rows * Kp), 128);
   if (scales.size() < size_t(rows)) scales.resize(size_t(rows));
   uint8_t* q = quantized.data();
   float* sx = scales.data();
@@ -124,6 +128,10 @@ int linear_q8(const kv_weight& w, const float* x, int64_t rows, float* y, int ep
     quantize_row(in, K, Kp, q + r * Kp, sx + r);
   });
   const Output<float> out{y, residual, w.bias, O, epilogue};
+  if (amx) {
+    linear_q8_amx(w, q, sx, rows, Kp, out);
+    return 0;
+  }
   const auto* weights = static_cast<const int8_t*>(w.data);
   const int64_t groups = (O + kGroup - 1) / kGroup;
   const int64_t row_blocks = rows > 2 * kRowBlock ? (rows + kRowBlock - 1) / kRowBlock : 1;
