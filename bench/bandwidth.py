@@ -17,7 +17,7 @@ from bench.common import (base_parser, interleaved_medians, kernel_sets, machine
                           synchronize, write_result)
 from model.checkpoint import load_model
 from model.gpt import GPT
-from model.kv_cache import PagedKVCache, StepBatch
+from model.kv_cache import PagedKVCache, StepBatch, resolve_kv_cache_dtype
 
 STEP_CONTEXT = 256
 STEPS_PER_SAMPLE = 100
@@ -56,11 +56,12 @@ def step_flops(model: GPT, batch: int) -> float:
     return 2.0 * per_row * batch
 
 
-def decode_steps(model: GPT, batch: int, steps: int = STEPS_PER_SAMPLE):
+def decode_steps(model: GPT, batch: int, steps: int = STEPS_PER_SAMPLE, cache_dtype: torch.dtype | None = None):
     """A function that runs `steps` decode steps of `batch` sequences at STEP_CONTEXT, each
     over its own blocks (scattered through the cache, as a busy server leaves them)."""
     blocks_each = STEP_CONTEXT // BLOCK_SIZE
-    cache = PagedKVCache(model.config, batch * blocks_each + 1, BLOCK_SIZE, dtype=model.dtype, device=model.device)
+    cache = PagedKVCache(model.config, batch * blocks_each + 1, BLOCK_SIZE, dtype=cache_dtype or model.dtype,
+                         device=model.device)
     tables = [[1 + b + batch * i for i in range(blocks_each)] for b in range(batch)]  # interleaved
     tokens = torch.randint(0, model.config.vocab_size, (batch,), generator=torch.Generator().manual_seed(batch))
     step = StepBatch.build([([int(t)], STEP_CONTEXT - 1, table) for t, table in zip(tokens, tables)], BLOCK_SIZE,
@@ -78,8 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=STEPS_PER_SAMPLE, help="decode steps per timed sample")
     ap.add_argument("--repeats", type=int, default=7, help="timed samples per batch size (the median is kept)")
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 8, 32])
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="the KV cache's dtype, as the server's flag of that name")
     args = ap.parse_args(argv)
     device, dtype = resolve(args)
+    cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, dtype)
     with stock_threads("stock"):  # torch's sum on every core, as the kernels' pool reads
         gbps = read_bandwidth(device, 0.25 if args.quick else 1.0, 3 if args.quick else 9)
     models = {name: load_model(args.checkpoint, device=device, dtype=dtype, kernels=name,
@@ -94,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = []
     per_sample = args.steps
     for batch in (1,) if args.quick else args.batches:
-        runs = {name: decode_steps(m, batch, per_sample) for name, m in models.items()}
+        runs = {name: decode_steps(m, batch, per_sample, cache_dtype) for name, m in models.items()}
 
         def timed(name, run):
             def call():
@@ -114,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     print("batch-1 step at " + ", ".join(f"{name} {v:.0%}" for name, v in share.items()) + " of the bandwidth bound")
     write_result(args.name, {"benchmark": "bandwidth", "machine": machine_info(device, dtype),
                                "read_gb_per_s": gbps, "weight_bytes": weight_bytes, "step_bytes": read_bytes,
-                               "quantization": args.quantization,
+                               "quantization": args.quantization, "kv_cache_dtype": str(cache_dtype),
                                "batch1_bound_ms": bound_ms, "decode_steps": steps,
                                "batch1_share_of_bound": share}, args.out)
     return 0

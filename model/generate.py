@@ -25,10 +25,11 @@ from model.tokenizer import Tokenizer
 BLOCK_SIZE = 16
 
 
-def sequence_cache(model: GPT, length: int, block_size: int = BLOCK_SIZE) -> tuple[PagedKVCache, list[int]]:
-    """A cache for one sequence of up to `length` tokens, and its block table."""
+def sequence_cache(model: GPT, length: int, block_size: int = BLOCK_SIZE,
+                   dtype: torch.dtype | None = None) -> tuple[PagedKVCache, list[int]]:
+    """A cache for one sequence of up to `length` tokens (in the model's dtype, or `dtype`), and its block table."""
     blocks = -(-length // block_size)
-    cache = PagedKVCache(model.config, blocks, block_size, dtype=model.dtype, device=model.device)
+    cache = PagedKVCache(model.config, blocks, block_size, dtype=dtype or model.dtype, device=model.device)
     return cache, list(range(blocks))
 
 

@@ -43,6 +43,20 @@ def available_memory(device: torch.device | str = "cpu") -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def resolve_kv_cache_dtype(name: str | None, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's dtype: the model's (None or 'auto'), or 'bfloat16' under a float32 model, which
+    halves the bytes a token holds and a step reads; keys and values are rounded once, when written."""
+    if name in (None, "auto"):
+        return model_dtype
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(name)
+    if dtype is None:
+        raise ValueError(f"kv cache dtype must be auto, float32 or bfloat16, got {name!r}")
+    if dtype != model_dtype and (model_dtype, dtype) != (torch.float32, torch.bfloat16):
+        raise ValueError(f"a {name} KV cache under a {str(model_dtype).removeprefix('torch.')} model: the cache "
+                         f"holds the model's dtype, or bfloat16 under float32")
+    return dtype
+
+
 def auto_kv_cache_bytes(config: GPTConfig, dtype: torch.dtype, device: torch.device | str = "cpu") -> int:
     """The default KV cache size for a model: see AUTO_KV_SEQUENCES and AUTO_KV_FRACTION."""
     per_sequence = config.n_positions * PagedKVCache.bytes_per_token(config, dtype)

@@ -71,6 +71,9 @@ def parser() -> argparse.ArgumentParser:
     eng.add_argument("--kv-cache-memory", type=parse_bytes, default=defaults.kv_cache_memory,
                      help="bytes of KV cache for all layers (e.g. 128MiB, 1GB); sets the number of blocks (default: "
                           "32 full-context sequences of the model, at most a quarter of the free memory)")
+    eng.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                     help="the KV cache's dtype: auto (the model's), or bfloat16 under a float32 model (half the "
+                          "bytes a token holds and a step reads; keys and values rounded when written)")
     eng.add_argument("--block-size", type=_at_least(int, 0), default=defaults.block_size,
                      help="tokens per KV-cache block (a multiple of 8 for the exact kernels)")
     eng.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
@@ -138,11 +141,11 @@ def check_args(args: argparse.Namespace) -> tuple[str, str] | None:
     header): (kind, message) for the first problem, kind 'usage' (a flag) or 'startup' (the checkpoint)."""
     from model.checkpoint import CheckpointError, inspect_checkpoint
     from model.device import resolve_device, resolve_dtype
-    from model.kv_cache import PagedKVCache
+    from model.kv_cache import PagedKVCache, resolve_kv_cache_dtype
 
     try:
         resolve_device(args.device)
-        dtype = resolve_dtype(args.dtype)
+        dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, resolve_dtype(args.dtype))
     except ValueError as e:
         return "usage", str(e)
     missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (args.checkpoint / f).is_file()]
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                               threads=args.threads, kernels=args.kernels, speculative=args.speculative,
                               num_speculative_tokens=args.num_speculative_tokens,
                               prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
-                              quantization=args.quantization)
+                              quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
     except ValueError as e:
         return usage_error(ap, str(e))
     engine_args = EngineArgs(checkpoint=args.checkpoint, device=str(device), dtype=args.dtype, config=config)

@@ -138,15 +138,19 @@ def greedy(logits: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
 def paged_attention(qkv: torch.Tensor, cache_layer: torch.Tensor, step, n_head: int, block_size: int) -> torch.Tensor:
     """Writes each token's keys/values to its slot, then attends over its sequence's blocks, through
     csrc/attention.cpp. qkv: (N, 3C) contiguous; cache_layer: (num_blocks, 2, nh, bs * hd).
-    step: model.kv_cache.StepBatch. Returns (N, C)."""
+    step: model.kv_cache.StepBatch. The cache holds qkv's dtype, or bfloat16 under float32. Returns (N, C)."""
     N, C3 = qkv.shape  # N == step.num_tokens
     C = C3 // 3
     head_dim = C // n_head
     out = torch.empty((N, C), dtype=qkv.dtype, device=qkv.device)
-    handle().kv_paged_attention(_DTYPE_CODE[qkv.dtype], qkv.data_ptr(), N, n_head, head_dim, cache_layer.data_ptr(),
-                                block_size, step.slot_mapping.data_ptr(), step.num_seqs, step.query_start.data_ptr(),
-                                step.seq_lens.data_ptr(), step.block_tables.data_ptr(), step.block_tables.stride(0),
-                                step.seq_rows.data_ptr(), 1.0 / math.sqrt(head_dim), out.data_ptr())
+    failed = handle().kv_paged_attention(
+        _DTYPE_CODE[qkv.dtype], _DTYPE_CODE[cache_layer.dtype], qkv.data_ptr(), N, n_head, head_dim,
+        cache_layer.data_ptr(), block_size, step.slot_mapping.data_ptr(), step.num_seqs, step.query_start.data_ptr(),
+        step.seq_lens.data_ptr(), step.block_tables.data_ptr(), step.block_tables.stride(0), step.seq_rows.data_ptr(),
+        1.0 / math.sqrt(head_dim), out.data_ptr())
+    if failed:
+        raise ValueError(f"paged_attention: activations {qkv.dtype} over a {cache_layer.dtype} cache, head_dim "
+                         f"{head_dim}, block size {block_size}: not a combination the kernels have")
     return out
 
 
@@ -179,7 +183,7 @@ class ExactBackend(KernelBackend):
         self._keep = (wte, wpe, blocks, layers)  # what the struct points to
         self.weight_bytes = self.head.nbytes + sum(p.nbytes for b in blocks for p in b.values()
                                                    if isinstance(p, PackedWeight))
-        self.struct = STRUCTS["kv_model"](_DTYPE_CODE[self.dtype], len(blocks), self.n_embd, self.n_head,
+        self.struct = STRUCTS["kv_model"](_DTYPE_CODE[self.dtype], _DTYPE_CODE[self.dtype], len(blocks), self.n_embd, self.n_head,
                                           model.config.layer_norm_epsilon, wte.data_ptr(), wpe.data_ptr(), layers)
         self._cache: weakref.ref | None = None  # the cache whose layer addresses `_pointers` holds
         self._pointers = None
@@ -189,6 +193,7 @@ class ExactBackend(KernelBackend):
         they are gathered once per cache."""
         if self._cache is None or self._cache() is not cache:
             self._pointers = (ctypes.c_void_p * len(cache.layers))(*(layer.data_ptr() for layer in cache.layers))
+            self.struct.cache_dtype = _DTYPE_CODE[cache.dtype]
             self._cache = weakref.ref(cache)
         return self._pointers
 

@@ -23,6 +23,7 @@ class EngineConfig:
     prompt_lookup_min: int = 2  # the shortest n-gram a draft is looked up by
     prompt_lookup_max: int = 4  # the longest
     quantization: str | None = None  # None or 'int8': the products' weights (model.kernels.choose_backend)
+    kv_cache_dtype: str | None = None  # None (the model's), 'float32' or 'bfloat16' (model.kv_cache.resolve_kv_cache_dtype)
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

@@ -27,7 +27,7 @@ from model.checkpoint import DEFAULT_CHECKPOINT, load_model, load_tokenizer
 from model.device import resolve_device, resolve_dtype
 from model.config import PromptError, check_prompt
 from model.gpt import GPT
-from model.kv_cache import PagedKVCache
+from model.kv_cache import PagedKVCache, resolve_kv_cache_dtype
 from model.sampling import SamplingParams, resolve_seed
 from model.tokenizer import Tokenizer
 from server.engine.block_manager import BlockManager
@@ -74,15 +74,16 @@ class Engine:
         self.model, self.tokenizer, self.model_config = model, tokenizer, model.config
         self.device = model.device
         bs = config.block_size
+        cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, model.dtype)
         num_blocks = config.num_blocks or PagedKVCache.blocks_for_memory(model.config, config.kv_cache_memory, bs,
-                                                                         model.dtype)
+                                                                         cache_dtype)
         longest = -(-model.config.n_positions // bs)
         if num_blocks < longest:
-            per_block = PagedKVCache.bytes_per_block(model.config, bs, model.dtype)
+            per_block = PagedKVCache.bytes_per_block(model.config, bs, cache_dtype)
             raise ValueError(f"the KV cache holds {num_blocks} blocks of {bs} tokens ({num_blocks * per_block} bytes), "
                              f"fewer than one {model.config.n_positions}-token sequence needs ({longest} blocks, "
                              f"{longest * per_block} bytes): raise --kv-cache-memory")
-        self.cache = PagedKVCache(model.config, num_blocks, bs, dtype=model.dtype, device=self.device)
+        self.cache = PagedKVCache(model.config, num_blocks, bs, dtype=cache_dtype, device=self.device)
         self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         target_s = None if config.target_step_ms is None else config.target_step_ms / 1000
         self.budget = StepBudget(config.max_num_batched_tokens, target_s=target_s)

@@ -28,10 +28,10 @@ SONNET = ("ROMEO:\nBut soft, what light through yonder window breaks? It is the 
           "leans her cheek upon her hand! O, that I were a glove upon that hand, that I might touch that cheek!")
 
 
-def cached_and_uncached(model: GPT, ids: list[int], prompt_len: int):
+def cached_and_uncached(model: GPT, ids: list[int], prompt_len: int, cache_dtype: torch.dtype | None = None):
     """Yields (position, cached logits, uncached logits) for the prompt's last token, then every later one."""
-    cache, blocks = sequence_cache(model, len(ids))
-    scratch, scratch_blocks = sequence_cache(model, len(ids))
+    cache, blocks = sequence_cache(model, len(ids), dtype=cache_dtype)
+    scratch, scratch_blocks = sequence_cache(model, len(ids), dtype=cache_dtype)
     cached = prefill(model, cache, ids[:prompt_len], blocks)
     yield prompt_len - 1, cached, recompute(model, scratch, ids[:prompt_len], scratch_blocks)
     for t in range(prompt_len, len(ids)):
@@ -39,9 +39,10 @@ def cached_and_uncached(model: GPT, ids: list[int], prompt_len: int):
         yield t, cached, recompute(model, scratch, ids[: t + 1], scratch_blocks)
 
 
-def assert_identical_every_step(model: GPT, ids: list[int], prompt_len: int) -> int:
+def assert_identical_every_step(model: GPT, ids: list[int], prompt_len: int,
+                                cache_dtype: torch.dtype | None = None) -> int:
     steps = 0
-    for t, cached, uncached in cached_and_uncached(model, ids, prompt_len):
+    for t, cached, uncached in cached_and_uncached(model, ids, prompt_len, cache_dtype):
         assert torch.equal(cached, uncached), f"position {t}: max |diff| {(cached - uncached).abs().max():.3g}"
         steps += 1
     return steps

@@ -153,3 +153,10 @@ def test_amx_tiles_give_the_vnni_bits_row_for_row(layer, amx, rows):
     vnni = kernels.linear(x, packed, EPILOGUE_RESIDUAL, residual.clone(), norm=norm)
     assert torch.equal(tiles, vnni)
     assert torch.equal(tiles[-1:], kernels.linear(x[-1:], packed, EPILOGUE_RESIDUAL, residual[-1:].clone(), norm=norm))
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"], ids=["float32", "int8"])
+def test_a_bfloat16_kv_cache_under_float32_decodes_cached_to_the_bits_of_recompute(quantization):
+    config = GPTConfig(vocab_size=300, n_positions=256, n_embd=128, n_layer=2, n_head=2)
+    model = random_model(config, seed=2).prepare_for_inference("exact", quantization=quantization)
+    assert assert_identical_every_step(model, random_ids(90, 300), prompt_len=20, cache_dtype=torch.bfloat16) == 71

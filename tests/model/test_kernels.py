@@ -245,3 +245,17 @@ def test_the_greedy_kernel_picks_the_first_maximum_and_normalizes_in_float32_rou
     x[1, 5] = float("nan")
     kernels.greedy(x, out, lse)
     assert out[1, 2] == 0.0 and out[0, 2] == 1.0
+
+
+def test_a_bfloat16_cache_under_float32_activations_is_the_float32_kernel_over_rounded_keys_and_values():
+    torch.manual_seed(3)
+    qkv = torch.randn(40, 3 * CONFIG.n_embd)
+    sequences = [(0, 30, [3, 1]), (0, 10, [6])]
+    narrow = PagedKVCache(CONFIG, 8, 16, dtype=torch.bfloat16)
+    out = run_attention(qkv, narrow, sequences)
+    rounded = qkv.clone()
+    rounded[:, CONFIG.n_embd:] = qkv[:, CONFIG.n_embd:].bfloat16().float()  # keys and values as the cache holds them
+    wide = PagedKVCache(CONFIG, 8, 16)
+    assert torch.equal(out, run_attention(rounded, wide, sequences))
+    assert torch.equal(narrow.layers[0].float(), wide.layers[0])
+    assert not torch.equal(out, run_attention(qkv, PagedKVCache(CONFIG, 8, 16), sequences))  # the rounding shows

@@ -42,6 +42,7 @@ def error_lines(result: subprocess.CompletedProcess) -> list[str]:
 @pytest.mark.parametrize("flags,messages", [
     (["--dtype", "f32"], ["unknown dtype 'f32'"]),
     (["--kv-cache-memory", "1"], ["the KV cache holds 0 blocks", "raise --kv-cache-memory"]),
+    (["--dtype", "bfloat16", "--kv-cache-dtype", "float32"], ["a float32 KV cache under a bfloat16 model"]),
 ])
 def test_a_bad_flag_value_exits_2_before_anything_loads(tiny_checkpoint, flags, messages):
     result = run_server(tiny_checkpoint, *flags)

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 // The version of this interface, which the loader checks the library against.
-enum { KV_ABI_VERSION = 4 };
+enum { KV_ABI_VERSION = 5 };
 
 // What a product adds after the bias, per output element.
 enum {
@@ -68,6 +68,7 @@ struct kv_layer {
 // The whole network for kv_forward.
 struct kv_model {
   int64_t dtype;
+  int64_t cache_dtype;
   int64_t n_layer;
   int64_t n_embd;
   int64_t n_head;
@@ -101,10 +102,11 @@ int kv_embed(int dtype, const int64_t* ids, const int64_t* positions, int64_t n,
 
 // Writes each token's keys and values to its slot, then attends over its sequence's blocks
 // (csrc/attention.cpp). Needs head_dim in {8, 16, 32, 64, 128} and block_size % 8 == 0: -1 if not.
-int kv_paged_attention(int dtype, const void* qkv, int64_t tokens, int64_t heads, int64_t head_dim, void* cache,
-                       int64_t block_size, const int64_t* slot_mapping, int64_t seqs, const int32_t* query_start,
-                       const int32_t* seq_lens, const int32_t* block_tables, int64_t block_table_stride,
-                       const int32_t* seq_rows, float scale, void* out);
+// cache_dtype is dtype, or bfloat16 under float32 activations (keys and values rounded when written).
+int kv_paged_attention(int dtype, int cache_dtype, const void* qkv, int64_t tokens, int64_t heads, int64_t head_dim,
+                       void* cache, int64_t block_size, const int64_t* slot_mapping, int64_t seqs,
+                       const int32_t* query_start, const int32_t* seq_lens, const int32_t* block_tables,
+                       int64_t block_table_stride, const int32_t* seq_rows, float scale, void* out);
 
 // Embeddings and every block of the step (csrc/forward.cpp): x (tokens, C) gets the hidden states
 // before ln_f. cache_layers: one pointer per layer, each (num_blocks, 2, heads, block_size * head_dim).

@@ -17,6 +17,10 @@
 //   sum      = lane l adds p[j] for j = l, l + 8, ... in order, then hsum8's fixed tree
 //   out[d]   = (sum over even j + sum over odd j of p[j] v_j[d], each sequential by FMA) / sum
 // Every one depends on n alone.
+//
+// The cache may hold a narrower type than the step's activations (float32 activations over a
+// bfloat16 cache): keys and values are rounded once, when written, and widened exactly when read,
+// so a prefill row and a decode step still read the same values.
 #include <algorithm>
 #include <vector>
 
@@ -39,24 +43,30 @@ struct Step {
   float scale;
 };
 
-template <typename T>
-void write_cache(const T* qkv, T* cache, const Step& s) {
-  const int64_t C = s.heads * s.head_dim, bs = s.block_size, hd = s.head_dim;
-  const int64_t block_elems = 2 * C * bs;
+// A value as the cache stores it: unchanged in the step's own type, else rounded to nearest even.
+template <typename C, typename T> inline C to_cache(T v) {
+  if constexpr (std::is_same_v<C, T>) return v;
+  else return from_f32<C>(to_f32(v));
+}
+
+template <typename T, typename C>
+void write_cache(const T* qkv, C* cache, const Step& s) {
+  const int64_t width = s.heads * s.head_dim, bs = s.block_size, hd = s.head_dim;
+  const int64_t block_elems = 2 * width * bs;
   constexpr int64_t kTokensPerTask = 16;
   ThreadPool::instance().run((s.tokens + kTokensPerTask - 1) / kTokensPerTask, [&](int64_t task) {
     for (int64_t i = task * kTokensPerTask; i < std::min(s.tokens, (task + 1) * kTokensPerTask); ++i) {
       const int64_t slot = s.slot_mapping[i];
       if (slot < 0) continue;
       const int64_t block = slot / bs, offset = slot % bs;
-      const T* k = qkv + i * 3 * C + C;
-      const T* v = k + C;
-      T* keys = cache + block * block_elems;
-      T* values = keys + C * bs;
+      const T* k = qkv + i * 3 * width + width;
+      const T* v = k + width;
+      C* keys = cache + block * block_elems;
+      C* values = keys + width * bs;
       for (int64_t h = 0; h < s.heads; ++h)
         for (int64_t d = 0; d < hd; ++d) {
-          keys[(h * hd + d) * bs + offset] = k[h * hd + d];
-          values[(h * bs + offset) * hd + d] = v[h * hd + d];
+          keys[(h * hd + d) * bs + offset] = to_cache<C>(k[h * hd + d]);
+          values[(h * bs + offset) * hd + d] = to_cache<C>(v[h * hd + d]);
         }
     }
   });
@@ -73,8 +83,8 @@ inline void prefetch(const T* p, int64_t elems) {
 // Scores of G groups of 8 keys at once, each group's two chains (even and odd d) as in the order
 // above: the groups are independent, so interleaving them only hides the FMA latency (a lone
 // group's 2 chains of hd / 2 dependent FMAs wait on it); no lane's sequence changes.
-template <int G, int HD, typename T>
-inline void score_groups(const float* q, const T* const* keys, int64_t bs, float* const* out, __m256 scale) {
+template <int G, int HD, typename C>
+inline void score_groups(const float* q, const C* const* keys, int64_t bs, float* const* out, __m256 scale) {
   __m256 even[G], odd[G];
 #pragma GCC unroll 8
   for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm256_setzero_ps();
@@ -92,8 +102,8 @@ inline void score_groups(const float* q, const T* const* keys, int64_t bs, float
 }
 
 // One (token, head): NV = head_dim / 8 vectors per key, so the sums stay in registers.
-template <int NV, typename T>
-void attend_one(const T* q_in, const T* cache, const int32_t* blocks, int64_t n, int64_t head, const Step& s,
+template <int NV, typename T, typename KV>
+void attend_one(const T* q_in, const KV* cache, const int32_t* blocks, int64_t n, int64_t head, const Step& s,
                 std::vector<float>& scores, T* out) {
   constexpr int64_t hd = 8 * NV;
   constexpr int kGroups = 4;  // groups of 8 keys scored together: 8 independent chains
@@ -106,11 +116,11 @@ void attend_one(const T* q_in, const T* cache, const int32_t* blocks, int64_t n,
   float* sc = scores.data();
   const __m256 scale = _mm256_set1_ps(s.scale);
   const int64_t num_blocks = (n + bs - 1) / bs;
-  const T* group_keys[kGroups];
+  const KV* group_keys[kGroups];
   float* group_out[kGroups];
   int pending = 0;
   for (int64_t j0 = 0, b = 0; j0 < n; j0 += bs, ++b) {
-    const T* keys = cache + int64_t(blocks[b]) * block_elems + head * hd * bs;  // [hd][bs]
+    const KV* keys = cache + int64_t(blocks[b]) * block_elems + head * hd * bs;  // [hd][bs]
     if (b + 1 < num_blocks) prefetch(cache + int64_t(blocks[b + 1]) * block_elems + head * hd * bs, hd * bs);
     for (int64_t c = 0; c < bs; c += 8) {
       group_keys[pending] = keys + c;
@@ -143,7 +153,7 @@ void attend_one(const T* q_in, const T* cache, const int32_t* blocks, int64_t n,
 #pragma GCC unroll 16
   for (int c = 0; c < NV; ++c) even[c] = odd[c] = _mm256_setzero_ps();
   for (int64_t j0 = 0, b = 0; j0 < n; j0 += bs, ++b) {
-    const T* values = cache + int64_t(blocks[b]) * block_elems + C * bs + head * bs * hd;  // [bs][hd]
+    const KV* values = cache + int64_t(blocks[b]) * block_elems + C * bs + head * bs * hd;  // [bs][hd]
     if (b + 1 < num_blocks) prefetch(cache + int64_t(blocks[b + 1]) * block_elems + C * bs + head * bs * hd, bs * hd);
     const int64_t len = std::min(bs, n - j0);
     int64_t o = 0;
@@ -165,28 +175,28 @@ void attend_one(const T* q_in, const T* cache, const int32_t* blocks, int64_t n,
   for (int c = 0; c < NV; ++c) store8(out + 8 * c, _mm256_div_ps(_mm256_add_ps(even[c], odd[c]), total));
 }
 
-template <typename T>
-using AttendFn = void (*)(const T*, const T*, const int32_t*, int64_t, int64_t, const Step&, std::vector<float>&, T*);
+template <typename T, typename KV>
+using AttendFn = void (*)(const T*, const KV*, const int32_t*, int64_t, int64_t, const Step&, std::vector<float>&, T*);
 
-template <typename T> AttendFn<T> attend_for(int64_t head_dim) {
+template <typename T, typename KV> AttendFn<T, KV> attend_for(int64_t head_dim) {
   switch (head_dim) {
-    case 8: return attend_one<1, T>;
-    case 16: return attend_one<2, T>;
-    case 32: return attend_one<4, T>;
-    case 64: return attend_one<8, T>;
-    case 128: return attend_one<16, T>;
+    case 8: return attend_one<1, T, KV>;
+    case 16: return attend_one<2, T, KV>;
+    case 32: return attend_one<4, T, KV>;
+    case 64: return attend_one<8, T, KV>;
+    case 128: return attend_one<16, T, KV>;
     default: return nullptr;
   }
 }
 
-template <typename T>
-void paged_attention(const T* qkv, T* cache, const Step& s, T* out) {
+template <typename T, typename KV>
+void paged_attention(const T* qkv, KV* cache, const Step& s, T* out) {
   write_cache(qkv, cache, s);
   const int64_t C = s.heads * s.head_dim;
   std::vector<int32_t> seq_of(size_t(s.tokens));
   for (int64_t q = 0; q < s.seqs; ++q)
     for (int32_t i = s.query_start[q]; i < s.query_start[q + 1]; ++i) seq_of[size_t(i)] = int32_t(q);
-  const AttendFn<T> attend = attend_for<T>(s.head_dim);
+  const AttendFn<T, KV> attend = attend_for<T, KV>(s.head_dim);
   // A task is a token and a span of its heads: all of them (the heads of a block sit side by side)
   // when there are tokens enough to keep every thread busy, one each otherwise.
   const int64_t span = s.tokens >= 2 * ThreadPool::instance().num_threads() ? s.heads : 1;
@@ -208,19 +218,22 @@ void paged_attention(const T* qkv, T* cache, const Step& s, T* out) {
 
 extern "C" {
 
-int kv_paged_attention(int dtype, const void* qkv, int64_t tokens, int64_t heads, int64_t head_dim, void* cache,
-                        int64_t block_size, const int64_t* slot_mapping, int64_t seqs, const int32_t* query_start,
-                        const int32_t* seq_lens, const int32_t* block_tables, int64_t block_table_stride,
-                        const int32_t* seq_rows, float scale, void* out) {
+int kv_paged_attention(int dtype, int cache_dtype, const void* qkv, int64_t tokens, int64_t heads, int64_t head_dim,
+                       void* cache, int64_t block_size, const int64_t* slot_mapping, int64_t seqs,
+                       const int32_t* query_start, const int32_t* seq_lens, const int32_t* block_tables,
+                       int64_t block_table_stride, const int32_t* seq_rows, float scale, void* out) {
+  using kv::bf16;
   const kv::Step s{tokens, heads, head_dim, block_size, slot_mapping, seqs, query_start, seq_lens, block_tables,
                    block_table_stride, seq_rows, scale};
-  const bool known = dtype == KV_DTYPE_F32 || dtype == KV_DTYPE_BF16;
-  if (kv::attend_for<float>(head_dim) == nullptr || block_size % 8 != 0 || !known) return -1;
-  if (dtype == KV_DTYPE_F32)
+  if (kv::attend_for<float, float>(head_dim) == nullptr || block_size % 8 != 0) return -1;
+  if (dtype == KV_DTYPE_F32 && cache_dtype == KV_DTYPE_F32)
     kv::paged_attention(static_cast<const float*>(qkv), static_cast<float*>(cache), s, static_cast<float*>(out));
+  else if (dtype == KV_DTYPE_F32 && cache_dtype == KV_DTYPE_BF16)
+    kv::paged_attention(static_cast<const float*>(qkv), static_cast<bf16*>(cache), s, static_cast<float*>(out));
+  else if (dtype == KV_DTYPE_BF16 && cache_dtype == KV_DTYPE_BF16)
+    kv::paged_attention(static_cast<const bf16*>(qkv), static_cast<bf16*>(cache), s, static_cast<bf16*>(out));
   else
-    kv::paged_attention(static_cast<const kv::bf16*>(qkv), static_cast<kv::bf16*>(cache), s,
-                        static_cast<kv::bf16*>(out));
+    return -1;
   return 0;
 }
 
