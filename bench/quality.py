@@ -20,10 +20,12 @@ from model.data import download_shakespeare, split_files
 from model.generate import sequence_cache
 from model.kv_cache import StepBatch
 
-CONFIGS = {  # name: (dtype, quantization)
-    "float32": (torch.float32, None),
-    "bfloat16": (torch.bfloat16, None),
-    "int8": (torch.float32, "int8"),
+CONFIGS = {  # name: (dtype, quantization, KV cache dtype: None is the model's)
+    "float32": (torch.float32, None, None),
+    "bfloat16": (torch.bfloat16, None, None),
+    "int8": (torch.float32, "int8", None),
+    "float32-kv-bf16": (torch.float32, None, torch.bfloat16),
+    "int8-kv-bf16": (torch.float32, "int8", torch.bfloat16),
 }
 
 
@@ -37,9 +39,9 @@ def held_out_ids(tokenizer, max_tokens: int) -> tuple[list[int], int]:
     return ids, len(tokenizer.decode(ids).encode("utf-8"))
 
 
-def window_log_probs(model, ids: list[int]) -> torch.Tensor:
+def window_log_probs(model, ids: list[int], cache_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Next-token log-probabilities (T, V), float32, for one window of ids from position 0."""
-    cache, blocks = sequence_cache(model, len(ids))
+    cache, blocks = sequence_cache(model, len(ids), dtype=cache_dtype)
     step = StepBatch.build([(ids, 0, blocks)], cache.block_size, model.device)
     return model.compute_logits(model.forward_step(step, cache)).log_softmax(-1)  # (T, V)
 
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         inputs, targets = window[:-1], torch.tensor(window[1:])
         ref = window_log_probs(models["float32"], inputs)  # (T, V)
         for name, model in models.items():
-            lp = ref if name == "float32" else window_log_probs(model, inputs)  # (T, V)
+            lp = ref if name == "float32" else window_log_probs(model, inputs, CONFIGS[name][2])  # (T, V)
             nll[name] -= lp.gather(1, targets[:, None]).sum().item()
             kl[name] += (ref.exp() * (ref - lp)).sum().item()
             agree[name] += (lp.argmax(-1) == ref.argmax(-1)).sum().item()
@@ -74,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in models:
         rows[name] = {"bits_per_byte": nll[name] / math.log(2) / scored_bytes, "kl_nats": kl[name] / scored,
                       "top1_agreement": agree[name] / scored, "dtype": str(CONFIGS[name][0]).removeprefix("torch."),
-                      "quantization": CONFIGS[name][1]}
+                      "quantization": CONFIGS[name][1],
+                      "kv_cache_dtype": str(CONFIGS[name][2] or CONFIGS[name][0]).removeprefix("torch.")}
         row, delta = rows[name], rows[name]["bits_per_byte"] - rows["float32"]["bits_per_byte"]
         print(f"{name:9s} bits/byte {row['bits_per_byte']:.4f} (Δ {delta:+.4f})  KL {row['kl_nats']:.2e} nats  "
               f"top-1 {row['top1_agreement']:.2%}", flush=True)
