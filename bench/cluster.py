@@ -4,15 +4,24 @@
   256-token shared prefixes, KV memory per replica for about 5 of the 8 prefixes; `--router kv`
   against `--router pow2`, in turns: prefix-cache hit rate, TTFT and tokens/s.
 - `overhead`: 1 replica through `python -m server.cluster` against `python -m server` directly, at
-  concurrency 1 and 8, in turns: tokens/s and the p50 inter-token latency the Ray path adds.
+  concurrency 1 and 8, in turns: tokens/s and the p50 inter-token latency the Ray path adds
+  (`--with-proxy` adds the cluster behind Ray Serve's HTTP proxy, `--serve-proxy`, as a third variant).
+  `--client vllm` drives it with `vllm bench serve` (random 64-token prompts on /v1/completions, greedy,
+  ignore_eos) instead of our load-test tool.
 
-Each server is started afresh on a free port (the cluster with its own local Ray), driven by the
-load-test tool, and stopped.
+Each server is started afresh on a free port (the cluster with its own local Ray), warmed with a few
+requests, driven, and stopped.
 """
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import statistics
+import subprocess
+from pathlib import Path
+
+import httpx
 
 from bench.common import base_parser, machine_info, write_result
 from bench.serving import running_server
@@ -27,10 +36,35 @@ def _summary(run: dict) -> dict:
             "itl_p50_ms": 1000 * run["itl_s"]["p50"], "itl_p99_ms": 1000 * run["itl_s"]["p99"]}
 
 
+VLLM = Path("/root/peers/vllm/bin/vllm")  # the peers' venv (/work/shared/peers/README.md)
+
+
 def _measure(args, module: str, flags: list[str], config: LoadTestConfig, prompts: list[str], log: str) -> list[dict]:
     with running_server(args.checkpoint, "cpu", args.dtype, args.out_dir / log, flags, module=module) as url:
+        if args.client == "vllm":
+            _vllm_bench(args, url, 4, 8, "warmup")
+            return [_vllm_bench(args, url, c, n, f"{log[:-4]}_c{c}")
+                    for c, n in zip(config.concurrency, args.vllm_prompts)]
         report = asyncio.run(run_load_test(LoadTestConfig(**{**config.__dict__, "url": url}), prompts))
     return [_summary(run) for run in report["runs"]]
+
+
+def _vllm_bench(args, url: str, concurrency: int, prompts: int, name: str) -> dict:
+    """One `vllm bench serve` run against the server at `url`: its summary in our keys."""
+    model = httpx.get(url + "/v1/models", timeout=30, trust_env=False).json()["data"][0]["id"]
+    out = args.out_dir / "cluster_vllm"
+    out.mkdir(parents=True, exist_ok=True)
+    command = [str(VLLM), "bench", "serve", "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+               "--model", model, "--tokenizer", str(args.checkpoint), "--dataset-name", "random",
+               "--random-input-len", "64", "--random-output-len", str(args.max_new_tokens), "--ignore-eos",
+               "--temperature", "0", "--max-concurrency", str(concurrency), "--num-prompts", str(prompts),
+               "--seed", "0", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles",
+               "50,99", "--save-result", "--result-dir", str(out), "--result-filename", f"{name}.json"]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=1800)
+    d = json.loads((out / f"{name}.json").read_text())
+    return {"label": f"c={concurrency}", "ok": d["completed"], "failed": d["num_prompts"] - d["completed"],
+            "hit_rate": 0.0, "tokens_per_s": d["output_throughput"], "ttft_p50_ms": d["median_ttft_ms"],
+            "ttft_p99_ms": d["p99_ttft_ms"], "itl_p50_ms": d["median_itl_ms"], "itl_p99_ms": d["p99_itl_ms"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,9 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-cache-memory", default="12MiB", help="routing: per replica (96 blocks of 16 tokens)")
     ap.add_argument("--suffix-tokens", type=int, default=32, help="routing: each prompt's own tokens after its prefix")
     ap.add_argument("--concurrency", type=int, default=4, help="routing: closed-loop clients")
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="overhead: per request")
+    ap.add_argument("--client", choices=["loadtest", "vllm"], default="loadtest",
+                    help="overhead: our load-test tool or `vllm bench serve`")
+    ap.add_argument("--vllm-prompts", default="16,32", help="overhead, --client vllm: prompts at c=1 and at c=8")
+    ap.add_argument("--with-proxy", action="store_true",
+                    help="overhead: also the cluster behind Ray Serve's HTTP proxy (--serve-proxy)")
     ap.add_argument("--name", default=None)
     args = ap.parse_args(argv)
-    from pathlib import Path
+    args.vllm_prompts = [int(n) for n in args.vllm_prompts.split(",")]
     from bench.common import RESULTS_DIR
     args.out_dir = Path(args.out) if args.out else RESULTS_DIR
     ray_flags = ["--ray-num-cpus", "2", "--replica-cpus", "1", "--threads", "1"]
@@ -56,23 +96,27 @@ def main(argv: list[str] | None = None) -> int:
                                            *ray_flags]) for p in ("kv", "pow2")}
     else:
         prompts, note = load_prompts(64, 32, None, args.checkpoint, seed=0)
-        config = LoadTestConfig(url="", concurrency=(1, 8), num_requests=args.num_requests, max_new_tokens=64,
-                                request_timeout_s=300.0, timeout_s=3600.0)
+        config = LoadTestConfig(url="", concurrency=(1, 8), num_requests=args.num_requests,
+                                max_new_tokens=args.max_new_tokens, request_timeout_s=300.0, timeout_s=3600.0)
         variants = {"direct": ("server", ["--threads", "1"]),
                     "ray": ("server.cluster", ["--replicas", "1", *ray_flags])}
+        if args.with_proxy:
+            variants["ray-proxy"] = ("server.cluster", ["--replicas", "1", "--serve-proxy", *ray_flags])
     results: dict[str, list[list[dict]]] = {v: [] for v in variants}
     for rnd in range(args.rounds):
         for name, (module, flags) in variants.items():
             runs = _measure(args, module, flags, config, prompts, f"cluster_{args.which}_{name}_{rnd}.log")
-            results[name].append(runs)
+            load = os.getloadavg()[0]  # the machine is shared: its 1-minute load, read as the run ends
+            results[name].append([r | {"load_1min": load} for r in runs])
             for r in runs:
                 print(f"round {rnd} {name} {r['label']}: hit {r['hit_rate']:.3f}  {r['tokens_per_s']:.0f} tok/s  "
-                      f"TTFT p50 {r['ttft_p50_ms']:.1f} ms  ITL p50 {r['itl_p50_ms']:.2f} ms  ok {r['ok']}",
-                      flush=True)
+                      f"TTFT p50 {r['ttft_p50_ms']:.1f} ms  ITL p50 {r['itl_p50_ms']:.2f} ms  ok {r['ok']}  "
+                      f"load {load:.1f}", flush=True)
     medians = {name: [{key: statistics.median(rnd[i][key] for rnd in rounds) for key in rounds[0][i]
                        if isinstance(rounds[0][i][key], (int, float))} | {"label": rounds[0][i]["label"]}
                       for i in range(len(rounds[0]))] for name, rounds in results.items()}
-    write_result(args.name or f"cluster_{args.which}", {"benchmark": f"cluster {args.which}",
+    write_result(args.name or f"cluster_{args.which}", {"benchmark": f"cluster {args.which}", "client": args.client,
+                                                         "checkpoint": str(args.checkpoint),
                                                          "machine": machine_info(), "prompts": note,
                                                          "rounds": results, "medians": medians}, args.out)
     return 0

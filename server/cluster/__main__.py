@@ -42,6 +42,9 @@ def cluster_parser() -> argparse.ArgumentParser:
                     help="autoscaling: the ongoing requests per replica Serve aims for")
     ap.add_argument("--ray-num-cpus", type=_at_least(int, 0), default=None,
                     help="CPUs of the local Ray started when $RAY_ADDRESS is unset (default: all)")
+    ap.add_argument("--serve-proxy", action="store_true",
+                    help="local Ray: serve HTTP through Ray Serve's proxy, a second hop for every token, instead "
+                         "of from the ingress replica itself (Serve's direct ingress, the default)")
     return ap
 
 
@@ -80,6 +83,13 @@ def settings_from(args: argparse.Namespace):
                            limits=limits, api_key=args.api_key, cors_origins=tuple(args.cors_origin))
 
 
+def _spare_port(host: str) -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -87,6 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"error: {args.checkpoint} is not a complete checkpoint (missing {', '.join(missing)})", file=sys.stderr)
         return 2
+    proxy_port = args.port
+    if not os.environ.get("RAY_ADDRESS") and not args.serve_proxy:
+        # set before Ray is imported and started: the ingress replica listens on --port, and Serve's
+        # proxy, which it still starts, on a spare port
+        from server.cluster.env import direct_ingress_env
+        os.environ.update(direct_ingress_env(args.port))
+        proxy_port = _spare_port(args.host)
     try:
         settings = settings_from(args)
     except ValueError as e:
@@ -96,11 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
 
     from server.cluster.app import build_app
-    if os.environ.get("RAY_ADDRESS"):
+    if os.environ.get("RAY_ADDRESS"):  # the cluster's own Serve settings decide how HTTP comes in
         ray.init(address=os.environ["RAY_ADDRESS"])
     else:
         ray.init(num_cpus=args.ray_num_cpus, include_dashboard=False)
-    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.start(http_options={"host": args.host, "port": proxy_port})
     serve.run(build_app(settings), name="kvserve", route_prefix="/")
     logging.getLogger("kvserve.cluster").info("serving on http://%s:%d with %d replica(s), router %s", args.host,
                                               args.port, settings.replicas, settings.router)

@@ -6,6 +6,7 @@ Serve config file names (`import_path: server.cluster.app:app_builder`).
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,7 +80,9 @@ class Ingress:
 
     def __init__(self, replicas, settings: ClusterSettings) -> None:
         self.settings = settings
-        self.client = RayEngineClient(replicas, engine_args_of(settings), lambda: ROUTERS.get(REPLICA_DEPLOYMENT))
+        # Serve runs __init__ on the loop that serves the requests
+        self.client = RayEngineClient(replicas, engine_args_of(settings), lambda: ROUTERS.get(REPLICA_DEPLOYMENT),
+                                      asyncio.get_running_loop())
         self.app_name = serve.get_replica_context().app_name
         self._ready = (0.0, 0)  # (when read, replicas running)
 

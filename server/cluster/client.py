@@ -33,10 +33,13 @@ RETRY_BACKOFF_S = 0.5  # seconds before the first retry, doubled each time
 
 
 class RayEngineClient:
-    def __init__(self, handle, engine_args: EngineArgs, router: Callable[[], Router | None]) -> None:
+    def __init__(self, handle, engine_args: EngineArgs, router: Callable[[], Router | None],
+                 loop: asyncio.AbstractEventLoop) -> None:
         """`handle`: the replicas' DeploymentHandle; `engine_args`: what each replica runs; `router`: this
-        process's router once Ray Serve made it."""
+        process's router once Ray Serve made it; `loop`: the ingress's event loop, where the handle is used
+        (Ray Serve may run the handle's router on it, and then refuses calls from other threads)."""
         self.handle = handle.options(stream=True, method_name="generate")
+        self.loop = loop
         self.engine_args = engine_args
         self.tokenizer = load_tokenizer(engine_args.checkpoint)
         self.model_config = GPTConfig.load(Path(engine_args.checkpoint) / "config.json")
@@ -117,13 +120,16 @@ class RayEngineClient:
         return self
 
     def warmup(self) -> None:
-        """One short request through the handle, from a thread outside the event loop: the request
-        router is created and the path is warm."""
+        """One short request through the handle, sent on the ingress's loop from the loading thread: the
+        request router is created and the path is warm."""
         params = SamplingParams(max_new_tokens=2, temperature=0)
         sub = Submission([f"warmup-{uuid.uuid4().hex}"], (self.tokenizer.encode("Hello") or [0])[:8], [params], True,
                          "warmup")
-        for _ in self.handle.remote(sub):
-            pass
+
+        async def call() -> None:
+            async for _ in self.handle.remote(sub):
+                pass
+        asyncio.run_coroutine_threadsafe(call(), self.loop).result()
 
     def drain(self, grace: float) -> None:
         """Requests in flight get `grace` seconds (the replicas' own drain runs when Serve stops them)."""

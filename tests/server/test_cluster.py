@@ -19,6 +19,7 @@ serve = pytest.importorskip("ray.serve")
 
 from bench.tiny_checkpoint import main as make_tiny_checkpoint  # noqa: E402
 from server.cluster.app import ClusterSettings, build_app  # noqa: E402
+from server.cluster.env import direct_ingress_env  # noqa: E402
 from server.engine import EngineConfig  # noqa: E402
 from tests.server.conftest import serve as serve_single, wait_healthy  # noqa: E402
 
@@ -40,22 +41,62 @@ def checkpoint(tmp_path_factory):
     return path
 
 
+def _free_port_pair() -> int:
+    """A port p with p + 1 also free (the two apps' ingress replicas listen on them)."""
+    for _ in range(50):
+        p = _free_port()
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no two consecutive free ports")
+
+
+def _wait_routes(port: int, timeout: float) -> dict:
+    """The application an ingress replica serves (Serve's `/-/routes` on its own port): {prefix: app}."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(f"http://127.0.0.1:{port}/-/routes", timeout=5, trust_env=False)
+            if r.status_code == 200:
+                return r.json()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"no ingress answered on port {port} in {timeout} s")
+
+
 @pytest.fixture(scope="module")
 def cluster(checkpoint):
-    """Two apps on one local Ray: `kv` at /, `round-robin` at /rr, two replicas each (half a CPU each)."""
+    """Two apps on one local Ray, as `python -m server.cluster` runs it (Serve's direct ingress: each app's
+    ingress replica serves HTTP on its own port): `kv` at /, `round-robin` at /rr, two replicas each (half
+    a CPU each). Yields the two base URLs."""
+    first = _free_port_pair()
+    env = direct_ingress_env(first, ports=2)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # ray.init hands it to the Ray processes it starts
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
     for name, router, prefix in (("kv", "kv", "/"), ("rr", "round-robin", "/rr")):
         settings = ClusterSettings(checkpoint=checkpoint, replicas=2, router=router, replica_cpus=0.5,
                                    engine=EngineConfig(threads=1, num_blocks=NUM_BLOCKS), model_name="tiny")
         serve.run(build_app(settings), name=name, route_prefix=prefix, blocking=False)
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(url, 240)
-    wait_healthy(url + "/rr", 240)
-    yield url
+    urls = {}
+    for port in (first, first + 1):
+        ((prefix, _),) = _wait_routes(port, 240).items()
+        urls[prefix] = f"http://127.0.0.1:{port}" + ("" if prefix == "/" else prefix)
+    wait_healthy(urls["/"], 240)
+    wait_healthy(urls["/rr"], 240)
+    yield urls["/"], urls["/rr"]
     serve.shutdown()
     ray.shutdown()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +123,7 @@ def _stream(url: str, path: str, body: dict) -> list[dict]:
 
 
 def test_two_replicas_answer_what_a_single_server_answers_streamed_and_not(cluster, single):
+    cluster, _ = cluster
     body = {"inputs": "ROMEO: the quick brown", "parameters": {"max_new_tokens": 24, "details": True,
                                                                 "decoder_input_details": True}}
     one, many = _post(single, "/generate", body), _post(cluster, "/generate", body)
@@ -115,9 +157,10 @@ def _tenant_runs(url: str, seed: int) -> list[tuple[int, int]]:
 
 
 def test_kv_routing_sends_every_repeat_to_the_replica_that_computed_it_and_round_robin_does_not(cluster):
+    cluster, round_robin = cluster
     kv = _tenant_runs(cluster, seed=1)
     assert all(cached > 0 for _, cached, repeat in kv if repeat), kv
-    rr = _tenant_runs(cluster + "/rr", seed=2)
+    rr = _tenant_runs(round_robin, seed=2)
     assert not all(cached > 0 for _, cached, repeat in rr if repeat), rr
     metrics = httpx.get(cluster + "/metrics", timeout=10, trust_env=False).text
     assert 'kvserve:router_decisions_total{policy="kv",outcome="hit"}' in metrics
@@ -145,6 +188,7 @@ def _replica_pids(url: str) -> dict[str, int]:
 
 
 def test_a_killed_replica_ends_its_streams_with_an_error_new_requests_succeed_and_ray_restarts_it(cluster):
+    cluster, _ = cluster
     deadline = time.monotonic() + 30
     while len(pids := _replica_pids(cluster)) < 2 and time.monotonic() < deadline:
         time.sleep(0.5)
