@@ -34,6 +34,11 @@ class EngineClient(Protocol):
                       use_cache: bool = True, cache_salt: str | None = None, speculative: bool = True) -> list[str]:
         """Several requests for one prompt (n, best_of), all or none."""
 
+    async def admitted(self, request_ids: list[str]) -> None:
+        """Engines in other processes (`info.in_process` False): returns once they have taken these
+        requests, or raises QueueFullError or EngineStoppedError if they refused them. (The local engine
+        takes or refuses a request in `submit`, and is not asked.)"""
+
     def abort(self, request_id: str) -> None:
         """Cancels a request; it ends with an 'abort' event."""
 

@@ -8,7 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server.api.errors import APIError, is_openai_path
+from server.api.errors import APIError, is_openai_path, route_path
 from server.api.metrics import Metrics
 
 log = logging.getLogger("kvserve.app")
@@ -16,7 +16,7 @@ log = logging.getLogger("kvserve.app")
 
 def _openai_route(request: Request) -> bool:
     """OpenAI's routes answer errors in OpenAI's shape, which its clients read; the others in TGI's."""
-    return is_openai_path(request.url.path)
+    return is_openai_path(route_path(request.scope))
 
 
 def _validation_message(exc: RequestValidationError) -> str:

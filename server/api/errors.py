@@ -10,6 +10,13 @@ ERROR_STATUS = {"shutdown": 503, "timeout": 504}  # error_type of a failed gener
 VLLM_ROUTES = ("/tokenize", "/detokenize", "/tokenizer_info")  # vLLM's, outside /v1/, answered as vLLM does
 
 
+def route_path(scope) -> str:
+    """The request's path below the app's mount point (`root_path`: a Serve route prefix such as /rr), the
+    path the routes are declared with."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
+
+
 def is_openai_path(path: str) -> bool:
     """OpenAI's routes and vLLM's tokenizer routes answer errors in OpenAI's shape."""
     return path.startswith("/v1/") or path in VLLM_ROUTES

@@ -45,14 +45,23 @@ class Generation:
             self.cancel()
             raise APIError(422, str(e).replace("max_new_tokens", max_tokens_field), "validation",
                            reason="context_length") from e
-        except QueueFullError as e:
+        except (QueueFullError, EngineStoppedError) as e:
             self.cancel()
-            raise APIError(429, str(e), "overloaded", headers={"Retry-After": "1"}, reason="queue_full") from e
-        except EngineStoppedError as e:
-            self.cancel()
-            raise APIError(503, str(e), "unavailable", headers={"Retry-After": "5"}, reason="shutting_down") from e
+            raise _refusal(e) from e
         self._choice = {rid: k for k, rid in enumerate(self.request_ids)}
         self._open = set(self.request_ids)
+
+    async def admitted(self) -> None:
+        """Returns once the engine has taken the requests. The local engine took them in `submit` (or
+        refused there); an engine in other processes (the cluster's replicas) answers later, and its
+        refusal becomes the same HTTP status here, before a response has started."""
+        if self.engine.info.in_process:
+            return
+        try:
+            await self.engine.admitted(self.request_ids)
+        except (QueueFullError, EngineStoppedError) as e:
+            self.cancel()
+            raise _refusal(e) from e
 
     @property
     def done(self) -> bool:
@@ -117,6 +126,12 @@ class Generation:
             self.expired = True
             self.metrics.on_rejected("timeout")
             self.cancel()
+
+
+def _refusal(e: QueueFullError | EngineStoppedError) -> APIError:
+    if isinstance(e, QueueFullError):
+        return APIError(429, str(e), "overloaded", headers={"Retry-After": "1"}, reason="queue_full")
+    return APIError(503, str(e), "unavailable", headers={"Retry-After": "5"}, reason="shutting_down")
 
 
 def tokens_of(outs: list[TokenOutput]) -> list[TokenOutput]:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.api.errors import error_body, is_openai_path
+from server.api.errors import error_body, is_openai_path, route_path
 
 PUBLIC_PATHS = ("/health",)  # open without the key, for load balancers and orchestrators
 PUBLIC_PAGE = ("/", "/favicon.ico")  # the playground page and its icon: no data in them; the API calls need the key
@@ -19,7 +19,7 @@ DRAIN_LIMIT = 64 * 2**20  # bytes of a refused body read and dropped so that the
 
 async def send_error(scope: Scope, send: Send, status: int, message: str, error_type: str,
                      headers: dict[str, str] | None = None) -> None:
-    body = json.dumps(error_body(status, message, error_type, is_openai_path(scope.get("path", "")))).encode()
+    body = json.dumps(error_body(status, message, error_type, is_openai_path(route_path(scope)))).encode()
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
@@ -34,7 +34,7 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 
 
 def _is_public(scope: Scope) -> bool:
-    path, method = scope.get("path", ""), scope.get("method", "GET")
+    path, method = route_path(scope), scope.get("method", "GET")
     if path in PUBLIC_PATHS:
         return True
     return method in ("GET", "HEAD") and (path in PUBLIC_PAGE or path.startswith(PUBLIC_ASSETS))

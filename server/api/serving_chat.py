@@ -84,6 +84,7 @@ async def chat_completion(request: Request, body: ChatCompletionRequest, engine:
     gen = Generation(engine, metrics, [prompt_ids], copies_of(params, body.n), body.use_cache,
                      timeout=limits.deadline(body.timeout), max_tokens_field="max_tokens", cache_salt=body.cache_salt,
                      speculative=body.speculative)
+    await gen.admitted()
     head = dict(id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=names.primary)
     if body.stream:
         return sse_response(_chat_events(engine, gen.events(request), head, body, prompt_ids), gen.cancel)

@@ -116,6 +116,7 @@ async def openai_completion(request: Request, body: CompletionRequest, engine: E
     gen = Generation(engine, metrics, prompts, copies_of(params, copies), body.use_cache,
                      timeout=limits.deadline(body.timeout), max_tokens_field="max_tokens", cache_salt=body.cache_salt,
                      speculative=body.speculative)
+    await gen.admitted()
     head = CompletionResponse(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=names.primary, choices=[])
     builder = LogprobsBuilder(engine, body.logprobs)
     texts = [engine.tokenizer.decode(p) if isinstance(raw, list) else raw for p, raw in zip(prompts, body.prompts)]

@@ -100,6 +100,7 @@ async def tgi_generate(request: Request, body: GenerateRequest, engine: Engine, 
         raise APIError(422, "parameters.best_of > 1 cannot be streamed, as in TGI", "validation")
     gen = Generation(engine, metrics, [prompt_ids], copies_of(params, best_of), p.use_cache,
                      timeout=limits.deadline(p.timeout), cache_salt=p.cache_salt, speculative=p.speculative)
+    await gen.admitted()
     prefix = body.inputs if p.return_full_text else ""
     attention = (lambda out_ids: attention_of_generation(engine, prompt_ids, out_ids)) if p.return_attention else None
     if stream:

@@ -55,9 +55,10 @@ class ClusterSettings:
 def replica_options(s: ClusterSettings) -> dict:
     """The replica deployment's Serve options: replicas or autoscaling, the router, resources."""
     opts: dict = {"ray_actor_options": {"num_cpus": s.replica_cpus},
-                  # the engine queues and refuses (429) on its own; Serve only stops a replica from being
-                  # offered far more than it can hold
+                  # a replica is offered what its engine holds, running and waiting; past that, on every
+                  # replica, Serve's queue in the ingress holds --max-waiting more, then refuses (429)
                   "max_ongoing_requests": s.engine.max_num_seqs + s.engine.max_waiting,
+                  "max_queued_requests": max(1, s.engine.max_waiting),
                   "health_check_period_s": 2.0, "health_check_timeout_s": 30.0}
     if s.autoscaling:
         opts["autoscaling_config"] = AutoscalingConfig(

@@ -2,8 +2,12 @@
 tokenizer and the model's config), carried out by the replicas through a Ray Serve deployment handle.
 
 Each submitted prompt is one streaming call to a replica, chosen by the request router
-(`ray_router.py`). Its batches of events are handed to the request's sink as they come. Faults:
-- a call that fails before its first event (the replica died before it started the request) is sent
+(`ray_router.py`). The call's first item says the replica's engine took the prompt (`admitted` waits for
+it); a refusal comes instead as the call's exception, and `admitted` raises it as the local engine's
+`submit` would: QueueFullError for a full engine queue, or when Serve's own queue in front of the
+replicas is full (every replica at `max_ongoing_requests`), EngineStoppedError for a replica shutting
+down. The call's batches of events are then handed to the request's sink as they come. Faults:
+- a call that fails before its first event (the replica died before it produced a token) is sent
   again, up to `RETRIES` times, and the router places it on a live replica;
 - a call that fails later ends each of its requests with an error event, never a hang;
 - `abort` cancels the call: Ray cancels the replica's generator, which aborts the engine request, and
@@ -46,6 +50,8 @@ class RayEngineClient:
         self.config = engine_args.config
         self._router = router
         self._calls: dict[str, asyncio.Task] = {}  # request id -> the call carrying it (copies share one)
+        # request id -> done once a replica took it; its exception, if refused
+        self._admissions: dict[str, asyncio.Future] = {}
 
     @property
     def context_length(self) -> int:
@@ -78,6 +84,12 @@ class RayEngineClient:
         ids = [f"cl-{base}-{k}" for k in range(len(params))]
         self._start(Submission(ids, list(prompt_ids), list(params), use_cache, cache_salt, speculative), sinks)
         return ids
+
+    async def admitted(self, request_ids: list[str]) -> None:
+        """Once a replica has taken each of these requests; raises the refusal (QueueFullError,
+        EngineStoppedError) of one it did not take."""
+        for future in {id(f): f for f in (self._admissions.get(rid) for rid in request_ids) if f}.values():
+            await asyncio.shield(future)
 
     def abort(self, request_id: str) -> None:
         call = self._calls.get(request_id)
@@ -144,18 +156,23 @@ class RayEngineClient:
     # ---- one call -----------------------------------------------------------------------------------
 
     def _start(self, sub: Submission, sinks: list) -> None:
-        call = asyncio.get_running_loop().create_task(self._relay(sub, dict(zip(sub.request_ids, sinks))))
+        loop = asyncio.get_running_loop()
+        admission = loop.create_future()
+        call = loop.create_task(self._relay(sub, dict(zip(sub.request_ids, sinks)), admission))
         for rid in sub.request_ids:
             self._calls[rid] = call
+            self._admissions[rid] = admission
 
-    async def _relay(self, sub: Submission, sinks: dict) -> None:
+    async def _relay(self, sub: Submission, sinks: dict, admission: asyncio.Future) -> None:
         open_ids = set(sub.request_ids)
         try:
             for attempt in range(RETRIES + 1):
                 started = False
                 try:
                     async for batch in self.handle.remote(sub):
-                        started = True
+                        if not admission.done():
+                            admission.set_result(None)
+                        started = started or bool(batch)
                         for out in batch:
                             _deliver(sinks[out.request_id], out)
                             if out.finished:
@@ -169,6 +186,11 @@ class RayEngineClient:
                                     type(e).__name__)
                         await asyncio.sleep(RETRY_BACKOFF_S * 2**attempt)
                         continue
+                    refusal = _refusal(e)
+                    if refusal is not None and not admission.done():  # an HTTP status, not an error event
+                        admission.set_exception(refusal)
+                        open_ids.clear()
+                        return
                     log.warning("request %s failed on its replica: %s", sub.request_ids[0], e)
                     for rid in list(open_ids):
                         _deliver(sinks[rid], _end(rid, FINISH_ERROR, _message(e), _error_type(e)))
@@ -179,8 +201,11 @@ class RayEngineClient:
                 _deliver(sinks[rid], _end(rid, FINISH_ABORT))
             open_ids.clear()
         finally:
+            if not admission.done():  # ended otherwise: its events say how
+                admission.set_result(None)
             for rid in sub.request_ids:
                 self._calls.pop(rid, None)
+                self._admissions.pop(rid, None)
 
 
 def _deliver(sink, out: TokenOutput) -> None:
@@ -209,6 +234,19 @@ def _message(e: BaseException) -> str:
         return "the replica serving this request died"
     cause = _cause(e)
     return f"{type(cause).__name__}: {cause}"
+
+
+def _refusal(e: BaseException) -> Exception | None:
+    """The refusal a failed call stands for, as the local engine raises it: None for another failure."""
+    from ray.serve.exceptions import BackPressureError
+
+    from server.engine import EngineStoppedError, QueueFullError
+    cause = _cause(e)
+    if isinstance(cause, (QueueFullError, EngineStoppedError)):
+        return cause
+    if isinstance(e, BackPressureError) or isinstance(cause, BackPressureError):
+        return QueueFullError(f"every replica is at its limit of requests and Serve's queue is full ({cause})")
+    return None
 
 
 def _error_type(e: BaseException) -> str:

@@ -1,7 +1,9 @@
 """One engine replica as a Ray Serve deployment class: its own model copy, block pool and prefix cache.
 
-`generate` streams a prompt's events back in batches: everything that arrived since the last batch,
-which is one engine step's events or more, so a request's tokens cross Ray at most once a step.
+`generate` first answers an empty batch, once the engine has taken the prompt (a refusal, such as a
+full queue, is the stream's exception instead, before any item, so the ingress can answer it as an HTTP
+status), then streams the prompt's events back in batches: everything that arrived since the last
+batch, which is one engine step's events or more, so a request's tokens cross Ray at most once a step.
 `record_routing_stats` is Ray Serve's hook for routing state: Serve polls it and hands the result to the
 request router (`ray_router.py`) as the replica's `routing_stats`.
 """
@@ -27,8 +29,9 @@ class EngineReplica:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
 
     async def generate(self, sub: Submission) -> AsyncIterator[list[TokenOutput]]:
-        """The events of every copy of the prompt, in batches, until each copy has its last one. A
-        refusal (prompt too long, queue full, shutting down) is the stream's exception."""
+        """An empty batch once the engine took the prompt, then the events of every copy, in batches,
+        until each copy has its last one. A refusal (prompt too long, queue full, shutting down) is the
+        stream's exception, before any batch."""
         events: asyncio.Queue = asyncio.Queue()
         sink = AsyncSink(asyncio.get_running_loop(), events)
         if len(sub.params) == 1:
@@ -42,6 +45,7 @@ class EngineReplica:
         rename = dict(zip(ids, sub.request_ids))
         open_ids = set(ids)
         try:
+            yield []  # taken
             while open_ids:
                 batch = [await events.get()]
                 while not events.empty():

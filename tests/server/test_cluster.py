@@ -41,17 +41,18 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-def _free_port_pair() -> int:
-    """A port p with p + 1 also free (the two apps' ingress replicas listen on them)."""
+def _free_ports(count: int) -> int:
+    """A port p with p + 1 ... p + count - 1 also free (the apps' ingress replicas listen on them)."""
     for _ in range(50):
         p = _free_port()
         try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", p + 1))
+            for k in range(1, count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p + k))
             return p
         except OSError:
             continue
-    raise RuntimeError("no two consecutive free ports")
+    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def _wait_routes(port: int, timeout: float) -> dict:
@@ -68,28 +69,35 @@ def _wait_routes(port: int, timeout: float) -> dict:
     raise AssertionError(f"no ingress answered on port {port} in {timeout} s")
 
 
+APPS = (  # name, router, replicas, Ray CPUs per replica, engine limits
+    ("kv", "kv", 2, 0.4, {}),
+    ("rr", "round-robin", 2, 0.4, {}),
+    ("small", "kv", 1, 0.2, {"max_num_seqs": 1, "max_waiting": 0}),  # holds one request: the refusals' test
+)
+
+
 @pytest.fixture(scope="module")
 def cluster(checkpoint):
-    """Two apps on one local Ray, as `python -m server.cluster` runs it (Serve's direct ingress: each app's
-    ingress replica serves HTTP on its own port): `kv` at /, `round-robin` at /rr, two replicas each (half
-    a CPU each). Yields the two base URLs."""
-    first = _free_port_pair()
-    env = direct_ingress_env(first, ports=2)
+    """Three apps on one local Ray, as `python -m server.cluster` runs it (Serve's direct ingress: each
+    app's ingress replica serves HTTP on its own port): `kv` at /, `round-robin` at /rr, two replicas
+    each, and `small` at /small, one replica that holds one request. Yields their base URLs by name."""
+    first = _free_ports(len(APPS))
+    env = direct_ingress_env(first, ports=len(APPS))
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # ray.init hands it to the Ray processes it starts
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
-    for name, router, prefix in (("kv", "kv", "/"), ("rr", "round-robin", "/rr")):
-        settings = ClusterSettings(checkpoint=checkpoint, replicas=2, router=router, replica_cpus=0.5,
-                                   engine=EngineConfig(threads=1, num_blocks=NUM_BLOCKS), model_name="tiny")
-        serve.run(build_app(settings), name=name, route_prefix=prefix, blocking=False)
+    for name, router, replicas, cpus, limits in APPS:
+        settings = ClusterSettings(checkpoint=checkpoint, replicas=replicas, router=router, replica_cpus=cpus,
+                                   engine=EngineConfig(threads=1, num_blocks=NUM_BLOCKS, **limits), model_name="tiny")
+        serve.run(build_app(settings), name=name, route_prefix="/" if name == "kv" else f"/{name}", blocking=False)
     urls = {}
-    for port in (first, first + 1):
-        ((prefix, _),) = _wait_routes(port, 240).items()
-        urls[prefix] = f"http://127.0.0.1:{port}" + ("" if prefix == "/" else prefix)
-    wait_healthy(urls["/"], 240)
-    wait_healthy(urls["/rr"], 240)
-    yield urls["/"], urls["/rr"]
+    for port in range(first, first + len(APPS)):
+        ((prefix, name),) = _wait_routes(port, 240).items()
+        urls[name] = f"http://127.0.0.1:{port}" + ("" if prefix == "/" else prefix)
+    for url in urls.values():
+        wait_healthy(url, 240)
+    yield urls
     serve.shutdown()
     ray.shutdown()
     for k, v in saved.items():
@@ -123,7 +131,7 @@ def _stream(url: str, path: str, body: dict) -> list[dict]:
 
 
 def test_two_replicas_answer_what_a_single_server_answers_streamed_and_not(cluster, single):
-    cluster, _ = cluster
+    cluster = cluster["kv"]
     body = {"inputs": "ROMEO: the quick brown", "parameters": {"max_new_tokens": 24, "details": True,
                                                                 "decoder_input_details": True}}
     one, many = _post(single, "/generate", body), _post(cluster, "/generate", body)
@@ -157,7 +165,7 @@ def _tenant_runs(url: str, seed: int) -> list[tuple[int, int]]:
 
 
 def test_kv_routing_sends_every_repeat_to_the_replica_that_computed_it_and_round_robin_does_not(cluster):
-    cluster, round_robin = cluster
+    cluster, round_robin = cluster["kv"], cluster["rr"]
     kv = _tenant_runs(cluster, seed=1)
     assert all(cached > 0 for _, cached, repeat in kv if repeat), kv
     rr = _tenant_runs(round_robin, seed=2)
@@ -178,6 +186,66 @@ def _metric(url: str, name: str) -> float:
     return 0.0
 
 
+def test_kv_routing_falls_back_to_the_least_loaded_replica_past_the_imbalance_threshold(cluster):
+    """Eight long requests with one cached prefix at once: past 4 (the threshold) in flight on the replica
+    holding it, the router sends the next to the other replica, which has never seen the prefix."""
+    url = cluster["kv"]
+    prefix = " ".join(["lantern harbour"] * 60) + " fallback"
+    _post(url, "/generate", {"inputs": prefix + " 0", "parameters": {"max_new_tokens": 2}})  # one replica caches it
+    before = _metric(url, 'kvserve:router_decisions_total{policy="kv",outcome="fallback"}')
+    cached: list[int] = []
+
+    def run(i: int) -> None:
+        out = _post(url, "/generate", {"inputs": f"{prefix} {i}", "parameters": {
+            "max_new_tokens": 300, "ignore_eos": True, "details": True}})
+        cached.append(out["details"]["cached_tokens"])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(1, 9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(cached) == 8, cached
+    assert _metric(url, 'kvserve:router_decisions_total{policy="kv",outcome="fallback"}') > before
+    assert any(c > 0 for c in cached), f"no request went to the replica caching the prefix: {cached}"
+    assert any(c == 0 for c in cached), f"every request went to the replica caching the prefix: {cached}"
+
+
+def test_a_full_replica_answers_429_as_a_single_server_does(cluster):
+    """`small` holds one request (1 running, 0 waiting); Serve queues max(1, max_waiting) = 1 more in front
+    of it. Refused by the engine (two copies that do not fit) or by Serve (its queue full): 429."""
+    url = cluster["small"]
+    r = httpx.post(url + "/v1/completions", json={"prompt": "two copies", "max_tokens": 4, "n": 2}, timeout=60,
+                   trust_env=False)
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["type"] == "overloaded" and r.headers["retry-after"] == "1"
+    body = {"inputs": "a long one", "parameters": {"max_new_tokens": 1000, "ignore_eos": True}}
+    started, stop = threading.Event(), threading.Event()
+
+    def hold() -> None:  # a stream that runs until the test is done with it
+        with httpx.stream("POST", url + "/generate_stream", json=body, timeout=120, trust_env=False) as r:
+            for line in r.iter_lines():
+                started.set()
+                if stop.is_set():
+                    return
+
+    holders = [threading.Thread(target=hold) for _ in range(2)]  # one runs, one waits in Serve's queue
+    holders[0].start()
+    assert started.wait(60), "the first stream did not start"
+    holders[1].start()
+    time.sleep(1.0)
+    try:
+        for path, payload in (("/generate", body), ("/generate_stream", body)):
+            r = httpx.post(url + path, json=payload, timeout=60, trust_env=False)
+            assert r.status_code == 429, (path, r.status_code, r.text[:300])
+            assert r.json()["error_type"] == "overloaded"
+    finally:
+        stop.set()
+        for t in holders:
+            t.join(120)
+    assert _post(url, "/generate", {"inputs": "afterwards", "parameters": {"max_new_tokens": 2}})["generated_text"]
+
+
 def _replica_pids(url: str) -> dict[str, int]:
     text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
     pids = {}
@@ -188,7 +256,7 @@ def _replica_pids(url: str) -> dict[str, int]:
 
 
 def test_a_killed_replica_ends_its_streams_with_an_error_new_requests_succeed_and_ray_restarts_it(cluster):
-    cluster, _ = cluster
+    cluster = cluster["kv"]
     deadline = time.monotonic() + 30
     while len(pids := _replica_pids(cluster)) < 2 and time.monotonic() < deadline:
         time.sleep(0.5)
