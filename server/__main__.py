@@ -163,6 +163,28 @@ def check_args(args: argparse.Namespace) -> tuple[str, str] | None:
     return None
 
 
+def engine_config_from(args: argparse.Namespace, threads: int | None = None) -> EngineConfig:
+    """The engine flags as the engine's config (`threads` overrides --threads); ValueError for a
+    combination that cannot work. `python -m server.cluster` builds each replica's from the same flags."""
+    return EngineConfig(max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
+                        max_num_batched_tokens=args.max_num_batched_tokens, target_step_ms=args.target_step_ms,
+                        block_size=args.block_size, kv_cache_memory=args.kv_cache_memory,
+                        enable_prefix_caching=args.prefix_caching, threads=args.threads if threads is None else threads,
+                        kernels=args.kernels, speculative=args.speculative,
+                        num_speculative_tokens=args.num_speculative_tokens, prompt_lookup_min=args.prompt_lookup_min,
+                        prompt_lookup_max=args.prompt_lookup_max, quantization=args.quantization,
+                        kv_cache_dtype=args.kv_cache_dtype)
+
+
+def limits_from(args: argparse.Namespace):
+    """The limit flags as the HTTP layer's `Limits`."""
+    from server.api.limits import Limits
+    return Limits(max_body_bytes=args.max_body_bytes, max_input_tokens=args.max_input_tokens,
+                  max_new_tokens=args.max_new_tokens, max_stop_sequences=args.max_stop_sequences,
+                  max_stop_length=args.max_stop_length, request_timeout=args.request_timeout, max_n=args.max_n,
+                  max_best_of=args.max_best_of, max_logprobs=min(args.max_logprobs, 20), max_prompts=args.max_prompts)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
@@ -177,27 +199,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from model.device import resolve_device
     from server.api.app import GracefulServer, create_app
-    from server.api.limits import Limits
     from server.engine import Engine, EngineArgs
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     device = resolve_device(args.device)
     try:
-        config = EngineConfig(max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
-                              max_num_batched_tokens=args.max_num_batched_tokens,
-                              target_step_ms=args.target_step_ms, block_size=args.block_size,
-                              kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.prefix_caching,
-                              threads=args.threads, kernels=args.kernels, speculative=args.speculative,
-                              num_speculative_tokens=args.num_speculative_tokens,
-                              prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max,
-                              quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
+        config = engine_config_from(args)
     except ValueError as e:
         return usage_error(ap, str(e))
     engine_args = EngineArgs(checkpoint=args.checkpoint, device=str(device), dtype=args.dtype, config=config)
-    limits = Limits(max_body_bytes=args.max_body_bytes, max_input_tokens=args.max_input_tokens,
-                    max_new_tokens=args.max_new_tokens, max_stop_sequences=args.max_stop_sequences,
-                    max_stop_length=args.max_stop_length, request_timeout=args.request_timeout, max_n=args.max_n,
-                    max_best_of=args.max_best_of, max_logprobs=min(args.max_logprobs, 20), max_prompts=args.max_prompts)
+    limits = limits_from(args)
     failed: list[str] = []  # set by the loading thread when the engine does not load
 
     def stop_on_load_failure(reason: str) -> None:

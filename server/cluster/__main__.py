@@ -15,7 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
-from server.__main__ import _at_least
+from server.__main__ import EXIT_STARTUP, _at_least, check_args, engine_config_from, limits_from, usage_error
 from server.__main__ import parse_args as parse_server_args
 
 POLICIES = ("kv", "pow2", "round-robin")
@@ -64,23 +64,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def settings_from(args: argparse.Namespace):
-    from server.api.limits import Limits
+    """The deployment from the flags: each replica's engine config and the ingress's limits are built by
+    `python -m server`'s own functions. ValueError for an engine config that cannot work."""
     from server.cluster.app import ClusterSettings
-    from server.engine.config import EngineConfig
-    config = EngineConfig(max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
-                          max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
-                          kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=args.prefix_caching,
-                          threads=args.threads or max(1, int(args.replica_cpus)), kernels=args.kernels)  # per replica
-    limits = Limits(max_body_bytes=args.max_body_bytes, max_input_tokens=args.max_input_tokens,
-                    max_new_tokens=args.max_new_tokens, max_stop_sequences=args.max_stop_sequences,
-                    max_stop_length=args.max_stop_length, request_timeout=args.request_timeout, max_n=args.max_n,
-                    max_best_of=args.max_best_of, max_logprobs=min(args.max_logprobs, 20), max_prompts=args.max_prompts)
+    # one kernel thread per Ray CPU a replica holds, unless --threads says otherwise
+    config = engine_config_from(args, threads=args.threads or max(1, int(args.replica_cpus)))
     device = "cpu" if args.device == "auto" else args.device
     return ClusterSettings(checkpoint=Path(args.checkpoint).resolve(), replicas=args.replicas, router=args.router,
                            imbalance_threshold=args.imbalance_threshold, engine=config, device=device,
                            dtype=args.dtype, replica_cpus=args.replica_cpus, min_replicas=args.min_replicas,
                            max_replicas=args.max_replicas, target_ongoing_requests=args.target_ongoing_requests,
-                           limits=limits, api_key=args.api_key, cors_origins=tuple(args.cors_origin))
+                           limits=limits_from(args), api_key=args.api_key, cors_origins=tuple(args.cors_origin),
+                           model_name=args.served_model_name)
 
 
 def _spare_port(host: str) -> int:
@@ -93,10 +88,13 @@ def _spare_port(host: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (args.checkpoint / f).is_file()]
-    if missing:
-        print(f"error: {args.checkpoint} is not a complete checkpoint (missing {', '.join(missing)})", file=sys.stderr)
-        return 2
+    problem = check_args(args)  # the flags and the checkpoint, as `python -m server` checks them, before Ray starts
+    if problem is not None:
+        kind, message = problem
+        if kind == "usage":
+            return usage_error(cluster_parser(), message)
+        print(f"error: {message}", file=sys.stderr)
+        return EXIT_STARTUP
     proxy_port = args.port
     if not os.environ.get("RAY_ADDRESS") and not args.serve_proxy:
         # set before Ray is imported and started: the ingress replica listens on --port, and Serve's
@@ -107,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = settings_from(args)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return usage_error(cluster_parser(), str(e))
     import ray
     from ray import serve
 

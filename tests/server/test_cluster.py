@@ -328,3 +328,21 @@ def test_the_serve_config_files_deploy_the_same_application_with_autoscaling_fro
     assert opts["request_router_config"].request_router_kwargs["policy"] == "kv"
     assert "request_router_config" not in replica_options(settings_from(parse_args(["--router", "pow2"])))
     assert app_builder({"checkpoint": str(tmp_path), "replicas": 2}) is not None
+
+
+def test_the_cli_forwards_the_engine_flags_and_checks_them_before_ray_starts(checkpoint, capsys):
+    from server.cluster.__main__ import main, parse_args, settings_from
+    s = settings_from(parse_args(["--checkpoint", str(checkpoint), "--quantization", "int8", "--target-step-ms", "20",
+                                  "--speculative", "ngram", "--num-speculative-tokens", "3", "--prompt-lookup-min", "2",
+                                  "--prompt-lookup-max", "3", "--kv-cache-dtype", "bfloat16", "--max-waiting", "7",
+                                  "--served-model-name", "a", "b", "--max-new-tokens", "50"]))
+    e = s.engine
+    assert (e.quantization, e.target_step_ms, e.speculative, e.num_speculative_tokens, e.prompt_lookup_min,
+            e.prompt_lookup_max, e.kv_cache_dtype, e.max_waiting) == ("int8", 20.0, "ngram", 3, 2, 3, "bfloat16", 7)
+    assert s.model_name == ["a", "b"] and s.limits.max_new_tokens == 50
+    # refused as `python -m server` refuses them (exit 2, one line), before any Ray process starts
+    assert main(["--checkpoint", str(checkpoint.parent / "missing")]) == 2
+    assert "not a complete checkpoint" in capsys.readouterr().err
+    assert main(["--checkpoint", str(checkpoint), "--kv-cache-memory", "1KiB"]) == 2
+    assert "kv-cache-memory" in capsys.readouterr().err.replace("_", "-")
+    assert main(["--checkpoint", str(checkpoint), "--prompt-lookup-min", "5", "--prompt-lookup-max", "2"]) == 2
