@@ -1,8 +1,11 @@
 """The cluster's targets, measured: `python -m bench.cluster [routing|overhead]`.
 
 - `routing`: 2 replicas (`python -m server.cluster`, one thread each), `--tenants 8` prompts with
-  256-token shared prefixes, KV memory per replica for about 5 of the 8 prefixes; `--router kv`
-  against `--router pow2`, in turns: prefix-cache hit rate, TTFT and tokens/s.
+  256-token shared prefixes and short suffixes of their own, KV memory per replica for about 5 of the 8
+  prefixes; `--router kv`, `pow2` and `round-robin` in turns: prefix-cache hit rate beside the
+  workload's ceiling, TTFT and tokens/s. The ceiling is the hit rate of one cache that never evicts:
+  every full block of a prompt but the one holding its last token, if an earlier prompt (the load
+  tester's probe included) had the same blocks before it.
 - `overhead`: 1 replica through `python -m server.cluster` against `python -m server` directly, at
   concurrency 1 and 8, in turns: tokens/s and the p50 inter-token latency the Ray path adds
   (`--with-proxy` adds the cluster behind Ray Serve's HTTP proxy, `--serve-proxy`, as a third variant).
@@ -34,6 +37,25 @@ def _summary(run: dict) -> dict:
             "hit_rate": run["prefix_cache_hit_rate"], "tokens_per_s": run["output_tokens_per_s"],
             "ttft_p50_ms": 1000 * run["ttft_s"]["p50"], "ttft_p99_ms": 1000 * run["ttft_s"]["p99"],
             "itl_p50_ms": 1000 * run["itl_s"]["p50"], "itl_p99_ms": 1000 * run["itl_s"]["p99"]}
+
+
+def hit_rate_ceiling(prompts: list[str], tokenizer_dir: str, block_size: int = 16) -> float:
+    """The most of the prompts' tokens any prefix cache could serve, sent in order after the load tester's
+    probe (prompts[0]): see the module's docstring."""
+    from model.checkpoint import load_tokenizer
+    from server.engine.block_manager import extend_block_keys
+    tokenizer = load_tokenizer(Path(tokenizer_dir))
+    seen: set[int] = set()
+    hit = total = 0
+    for i, text in enumerate([prompts[0], *prompts]):
+        ids = tokenizer.encode(text)
+        keys = extend_block_keys([], ids, block_size, None, len(ids) // block_size)
+        if i:  # the probe only warms the cache
+            cacheable = keys[:(len(ids) - 1) // block_size]
+            hit += block_size * next((n for n, k in enumerate(cacheable) if k not in seen), len(cacheable))
+            total += len(ids)
+        seen.update(keys)
+    return hit / total
 
 
 VLLM = Path("/root/peers/vllm/bin/vllm")  # the peers' venv (/work/shared/peers/README.md)
@@ -71,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = base_parser("python -m bench.cluster", __doc__)
     ap.add_argument("which", choices=["routing", "overhead"])
     ap.add_argument("--rounds", type=int, default=2, help="each variant this many times, in turns")
-    ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--num-requests", type=int, default=128)
     ap.add_argument("--kv-cache-memory", default="12MiB", help="routing: per replica (96 blocks of 16 tokens)")
-    ap.add_argument("--suffix-tokens", type=int, default=32, help="routing: each prompt's own tokens after its prefix")
+    ap.add_argument("--suffix-tokens", type=int, default=8, help="routing: each prompt's own tokens after its prefix")
     ap.add_argument("--concurrency", type=int, default=4, help="routing: closed-loop clients")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="overhead: per request")
     ap.add_argument("--client", choices=["loadtest", "vllm"], default="loadtest",
@@ -90,10 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.which == "routing":
         prompts, note = load_prompts(args.num_requests, args.suffix_tokens, None, args.checkpoint, seed=0,
                                      shared_prefix_tokens=256, tenants=8)
+        prompts = prompts[:args.num_requests]  # sent once each, in order
+        note["hit_rate_ceiling"] = ceiling = hit_rate_ceiling(prompts, args.checkpoint)
+        print(f"workload: {len(prompts)} prompts, {note.get('tokens_mean', 0):.0f} tokens on average; "
+              f"hit-rate ceiling {ceiling:.3f}", flush=True)
         config = LoadTestConfig(url="", concurrency=(args.concurrency,), num_requests=args.num_requests,
                                 max_new_tokens=32, request_timeout_s=300.0, timeout_s=3600.0)
         variants = {p: ("server.cluster", ["--replicas", "2", "--router", p, "--kv-cache-memory", args.kv_cache_memory,
-                                           *ray_flags]) for p in ("kv", "pow2")}
+                                           *ray_flags]) for p in ("kv", "pow2", "round-robin")}
     else:
         prompts, note = load_prompts(64, 32, None, args.checkpoint, seed=0)
         config = LoadTestConfig(url="", concurrency=(1, 8), num_requests=args.num_requests,
