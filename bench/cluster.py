@@ -36,6 +36,7 @@ def _summary(run: dict) -> dict:
     return {"label": run["label"], "ok": run["requests_ok"], "failed": run["requests_failed"],
             "hit_rate": run["prefix_cache_hit_rate"], "tokens_per_s": run["output_tokens_per_s"],
             "ttft_p50_ms": 1000 * run["ttft_s"]["p50"], "ttft_p99_ms": 1000 * run["ttft_s"]["p99"],
+            "ttft_mean_ms": 1000 * run["ttft_s"]["mean"], "ttft_p90_ms": 1000 * run["ttft_s"]["p90"],
             "itl_p50_ms": 1000 * run["itl_s"]["p50"], "itl_p99_ms": 1000 * run["itl_s"]["p99"]}
 
 
@@ -86,7 +87,8 @@ def _vllm_bench(args, url: str, concurrency: int, prompts: int, name: str) -> di
     d = json.loads((out / f"{name}.json").read_text())
     return {"label": f"c={concurrency}", "ok": d["completed"], "failed": d["num_prompts"] - d["completed"],
             "hit_rate": 0.0, "tokens_per_s": d["output_throughput"], "ttft_p50_ms": d["median_ttft_ms"],
-            "ttft_p99_ms": d["p99_ttft_ms"], "itl_p50_ms": d["median_itl_ms"], "itl_p99_ms": d["p99_itl_ms"]}
+            "ttft_p99_ms": d["p99_ttft_ms"], "ttft_mean_ms": d["mean_ttft_ms"], "itl_p50_ms": d["median_itl_ms"],
+            "itl_p99_ms": d["p99_itl_ms"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             results[name].append([r | {"load_1min": load} for r in runs])
             for r in runs:
                 print(f"round {rnd} {name} {r['label']}: hit {r['hit_rate']:.3f}  {r['tokens_per_s']:.0f} tok/s  "
-                      f"TTFT p50 {r['ttft_p50_ms']:.1f} ms  ITL p50 {r['itl_p50_ms']:.2f} ms  ok {r['ok']}  "
-                      f"load {load:.1f}", flush=True)
+                      f"TTFT p50 {r['ttft_p50_ms']:.1f} mean {r['ttft_mean_ms']:.1f} ms  "
+                      f"ITL p50 {r['itl_p50_ms']:.2f} ms  ok {r['ok']}  load {load:.1f}", flush=True)
     medians = {name: [{key: statistics.median(rnd[i][key] for rnd in rounds) for key in rounds[0][i]
                        if isinstance(rounds[0][i][key], (int, float))} | {"label": rounds[0][i]["label"]}
                       for i in range(len(rounds[0]))] for name, rounds in results.items()}

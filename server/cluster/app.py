@@ -45,7 +45,7 @@ class ClusterSettings:
     api_key: str | None = None
     cors_origins: tuple[str, ...] = ()
     warmup: bool = True
-    model_name: str | list[str] | None = None  # the served name(s) (--served-model-name); default: the checkpoint's folder name
+    model_name: str | list[str] | None = None  # --served-model-name; default: the checkpoint's folder name
 
     @property
     def autoscaling(self) -> bool:
