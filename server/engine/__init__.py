@@ -1,8 +1,10 @@
 """The serving engine, one concept per module: request state (`request`), the block pool and prefix
 cache (`block_manager`), the schedule (`scheduler`), the step's preallocated inputs (`input_buffers`),
-its forward (`model_runner`), the pick (`sampler`), prompt logprobs (`prompt_scoring`), output
-processing (`output_processor`), where events go (`sinks`), and the engine thread that runs
-schedule -> execute -> update (`engine`). No HTTP code here."""
+its forward (`model_runner`), the pick (`sampler`), prompt logprobs (`prompt_scoring`), n-gram drafts
+(`speculative`), output processing (`output_processor`), where events go (`sinks`), which prompts
+fit and in what order they are read (`admission`), the rerun of a failed batch (`one_by_one`), warm-up
+and calibration (`warmup`), and the engine thread that runs schedule -> execute -> update (`engine`).
+No HTTP code here."""
 from server.engine.config import EngineConfig, EngineInfo
 from server.engine.engine import Engine, EngineArgs, EngineStoppedError
 from server.engine.request import (FINISH_ABORT, FINISH_EOS, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, Request,

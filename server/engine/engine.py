@@ -25,14 +25,15 @@ import torch
 from model import kernels
 from model.checkpoint import DEFAULT_CHECKPOINT, load_model, load_tokenizer
 from model.device import resolve_device, resolve_dtype
-from model.config import PromptError, check_prompt
 from model.gpt import GPT
 from model.kv_cache import PagedKVCache, resolve_kv_cache_dtype
 from model.sampling import SamplingParams, resolve_seed
 from model.tokenizer import Tokenizer
+from server.engine.admission import check_fits
 from server.engine.block_manager import BlockManager
 from server.engine.config import EngineConfig, EngineInfo
 from server.engine.model_runner import ModelRunner, StepResult
+from server.engine.one_by_one import execute_one_by_one
 from server.engine.output_processor import OutputProcessor
 from server.engine.request import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, Request, Sink, TokenOutput
 from server.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
@@ -40,6 +41,7 @@ from server.engine.step_budget import StepBudget
 from server.engine.step_stats import StepStats, StepStatsSnapshot
 from server.engine.sinks import one_wakeup_per_loop
 from server.engine.speculative import Drafter
+from server.engine.warmup import warm_up
 
 log = logging.getLogger("kvserve.engine")
 
@@ -162,7 +164,7 @@ class Engine:
                request_id: str | None = None, cache_salt: str | None = None, speculative: bool = True) -> str:
         """Queues a request; `sink` gets its TokenOutputs on the engine thread and must not block.
         Raises PromptError (prompt too long, empty...), QueueFullError, EngineStoppedError at once."""
-        self._check(prompt_ids, params)
+        check_fits(prompt_ids, params.max_new_tokens, self.blocks, self.context_length, self.model_config.vocab_size)
         return self._enqueue([self._request(prompt_ids, params, sink, use_cache, request_id, cache_salt,
                                             speculative)])[0]
 
@@ -171,25 +173,14 @@ class Engine:
         """Several requests for one prompt (OpenAI's n and best_of): the first reads the prompt, the others
         wait until its keys and values are in the prefix cache and take them from there. All or none
         are queued."""
-        for p in params:
-            self._check(prompt_ids, p, copies=len(params))
+        check_fits(prompt_ids, max(p.max_new_tokens for p in params), self.blocks, self.context_length,
+                   self.model_config.vocab_size, copies=len(params))  # the longest copy decides
         reqs = [self._request(prompt_ids, p, sink, use_cache, None, cache_salt, speculative)
                 for p, sink in zip(params, sinks)]
         if use_cache and self.config.enable_prefix_caching and params[0].prompt_logprobs is None:
             for req in reqs[1:]:
                 req.wait_for = reqs[0]
         return self._enqueue(reqs)
-
-    def _check(self, prompt_ids: list[int], params: SamplingParams, copies: int = 1) -> None:
-        """The prompt fits the context and, with `copies` sharing its blocks, the KV cache."""
-        check_prompt(prompt_ids, params.max_new_tokens, self.context_length, self.model_config.vocab_size)
-        prompt_blocks = self.blocks.blocks_for(len(prompt_ids))
-        own = self.blocks.blocks_for(len(prompt_ids) + params.max_new_tokens) - prompt_blocks + 1  # + the last one
-        needed = prompt_blocks + copies * own - (1 if copies else 0)
-        if needed > self.blocks.num_blocks:
-            many = f"{copies} copies of " if copies > 1 else ""
-            raise PromptError(f"{many}prompt + max_new_tokens need {needed} KV-cache blocks; the cache has "
-                              f"{self.blocks.num_blocks} (--kv-cache-memory)")
 
     def _request(self, prompt_ids, params, sink, use_cache, request_id, cache_salt, speculative) -> Request:
         seed = resolve_seed(params.seed)
@@ -244,32 +235,8 @@ class Engine:
 
     def warmup(self) -> None:
         """Runs a short request both ways, so the first real request pays no first-call costs, then
-        calibrates the step budget's costs when there is a time target."""
-        prompt = self.tokenizer.encode("Hello") or [0]
-        for use_cache in (True, False):
-            self.generate(prompt[: self.context_length - 2], SamplingParams(max_new_tokens=2, temperature=0),
-                          use_cache=use_cache, timeout=600, cache_salt="warmup")
-        if self.budget.target_s is not None:
-            self.calibrate()
-
-    def calibrate(self, requests: int = 8, new_tokens: int = 8) -> None:
-        """Fits the step budget's costs on a burst of `requests` prompts of spread lengths (each up to
-        the token cap): prompt-only, mixed and decode-only steps of several sizes. Needs a started engine."""
-        self.budget.reset()
-        text = self.tokenizer.encode("The quick brown fox jumps over the lazy dog. ") or [0]
-        requests = min(requests, self.config.max_num_seqs)
-        room = self.blocks.num_blocks * self.blocks.block_size // requests - new_tokens - self.blocks.block_size
-        longest = max(1, min(self.config.max_num_batched_tokens, self.context_length - new_tokens - 1, room))
-        waits = []
-        for i in range(requests):
-            length = max(1, longest * (i + 1) // requests)
-            events: queue.Queue = queue.Queue()
-            self.submit((text * (length // len(text) + 1))[:length], SamplingParams(max_new_tokens=new_tokens,
-                        temperature=0, ignore_eos=True), events.put, cache_salt=f"calibrate-{i}")
-            waits.append(events)
-        for events in waits:
-            while not events.get(timeout=600).finished:
-                pass
+        calibrates the step budget's costs when there is a time target (server/engine/warmup.py)."""
+        warm_up(self)
 
     def stop_admitting(self) -> None:
         """New requests are refused (EngineStoppedError) from now on; those already in go on."""
@@ -365,27 +332,10 @@ class Engine:
                 self.step_stats.observe(sched.work, seconds)
             except Exception:
                 log.exception("batched step failed; rerunning its requests one by one")
-                result = self._execute_one_by_one(sched, events)
+                result = execute_one_by_one(self.runner, sched, lambda req, error: self._fail(req, error, events))
             self._update(sched, result, events)
         self._deliver(events)
         return sched
-
-    def _execute_one_by_one(self, sched: SchedulerOutput, events: list) -> StepResult:
-        """Isolates the request that broke a batch: it alone fails, the others go on. A rerun samples
-        what the batch would have (each draw depends on the request's seed and token index only)."""
-        merged = StepResult([], {})
-        for req, n in sched.num_tokens.items():
-            try:
-                result = self.runner.run(SchedulerOutput(
-                    num_tokens={req: n}, admitted=[req] if req in sched.admitted else [],
-                    drafts={req: sched.drafts[req]} if req in sched.drafts else {}))
-            except Exception as e:
-                self._fail(req, f"{type(e).__name__}: {e}", events)
-                continue
-            merged.sampled += result.sampled
-            merged.prompt_logprobs.update(result.prompt_logprobs)
-            merged.verified.update(result.verified)
-        return merged
 
     def _update(self, sched: SchedulerOutput, result: StepResult, events: list) -> None:
         for req, (drafted, accepted) in result.verified.items():

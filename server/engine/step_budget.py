@@ -6,7 +6,7 @@ A step's time is modelled as linear in what it computes (`StepWork`):
 
 The costs are fitted by least squares over the most recent steps (a window), each refit pulled
 toward the previous one, so a kind of work the window lacks keeps its last cost. The first fit
-comes from the engine's warm-up (`Engine.calibrate`); every step then corrects it. Before any fit,
+comes from the engine's warm-up (`warmup.calibrate`); every step then corrects it. Before any fit,
 and with no target, a step carries what `max_num_batched_tokens` leaves after its decode rows,
 which stays a hard cap either way. Sarathi-Serve sizes its chunks to a time-between-tokens SLO in
 the same spirit; this is our own formulation.

@@ -2,9 +2,11 @@
 generating, top logprobs, penalties and logit bias, and copies of one prompt sharing its blocks."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from model.generate import sequence_cache
+from model.config import PromptError
 from model.kv_cache import StepBatch
 from model.sampling import SamplingParams
 from server.engine import Engine
@@ -119,3 +121,18 @@ def test_copies_of_a_prompt_take_its_blocks_from_the_first_copy_and_sample_apart
     while not all(s and s[-1].finished for s in again):
         eng.step()
     assert [tuple(e.token_id for e in s) for s in again] == texts
+
+
+def test_copies_are_refused_all_together_when_they_cannot_share_the_kv_cache(tiny_model, tiny_tokenizer):
+    """10 blocks of 16: a 40-token prompt (3 blocks) with 40 new tokens needs 3 blocks of its own per copy,
+    the prompt's last block included, so two copies fit (8 blocks) and three do not (11)."""
+    eng = make_engine(tiny_model, tiny_tokenizer, num_blocks=10)
+    ids, short, long = prompt(40, 6), SamplingParams(max_new_tokens=8), SamplingParams(max_new_tokens=40)
+    eng.submit_copies(ids, [long, long], [lambda e: None] * 2)
+    assert eng.num_waiting == 2
+    for params in ([long] * 3, [short, long, short]):  # the longest copy decides, wherever it stands
+        with pytest.raises(PromptError, match="3 copies of prompt \\+ max_new_tokens need 11 KV-cache blocks"):
+            eng.submit_copies(ids, params, [lambda e: None] * 3)
+        assert eng.num_waiting == 2, "a refused set of copies left some queued"
+    eng.submit_copies(ids, [short] * 3, [lambda e: None] * 3)  # 3 + 3 * 1 - 1 = 5 blocks
+    assert eng.num_waiting == 5
