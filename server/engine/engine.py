@@ -339,7 +339,7 @@ class Engine:
 
     def _update(self, sched: SchedulerOutput, result: StepResult, events: list) -> None:
         for req, (drafted, accepted) in result.verified.items():
-            self.drafter.record(req, drafted, accepted, batch=len(sched.num_tokens))
+            self.drafter.record(req, drafted, accepted)
         for req, entries in result.prompt_logprobs.items():
             have = len(req.prompt_logprobs)  # a resumed request computes its prompt again: keep the first
             req.prompt_logprobs += [e for e in entries if e.position > have]

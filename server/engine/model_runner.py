@@ -143,7 +143,9 @@ class ModelRunner:
         last_rows = query_start[1:][sampling] - 1
         if drafts:  # a drafting request samples its last K + 1 rows
             sample_drafts = [drafts.get(req, []) for req in sample_reqs]
-            last_rows = np.concatenate([np.arange(end - len(d), end + 1) for end, d in zip(last_rows, sample_drafts)])
+            per = np.fromiter(map(len, sample_drafts), np.int64, len(sample_drafts)) + 1  # (S',) rows each samples
+            within = self._arange[:int(per.sum())] - np.repeat(np.cumsum(per) - per, per)  # (R,) 0..K per request
+            last_rows = np.repeat(last_rows - per + 1, per) + within  # (R,)
         R = len(last_rows)
         logits_rows = None
         if R and R != N:

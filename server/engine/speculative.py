@@ -2,37 +2,54 @@
 
 Drafts: the longest recent n-gram of a sequence (prompt and output, `prompt_lookup_max` tokens down to
 `prompt_lookup_min`) is looked up earlier in the sequence, and the tokens that followed its latest
-earlier occurrence become the draft, up to K of them. Each request keeps an index of its n-grams,
-extended by the tokens it gained since the last look-up, so a look-up costs a few dictionary reads.
+earlier occurrence become the draft. Each request keeps an index of its n-grams (each n-gram packed
+into one integer, so the index holds no tuples for the garbage collector to traverse), extended by the
+tokens it gained since the last look-up, so a look-up costs a few dictionary reads.
 
 Verification (model_runner.py, sampler.py) gives the target's own token at each of the K + 1
 positions, the one decoding without speculation would have produced there; a draft token is accepted
 while it equals that token. The output is therefore unchanged, token for token and logprob for logprob.
 
-Adaptive: a request whose drafts do not pay for their extra rows stops drafting for a while
-(`Drafter.record`), so text that does not repeat itself pays (almost) nothing; how much acceptance
-pays depends on the batch (`break_even_rate`), from measured step costs (BENCHMARKS.md).
+Adaptive: a draft token costs a query row whether or not it is accepted. Each request estimates `p`,
+the chance that its next draft token is accepted given that the ones before it were, from its
+verified drafts and, while it does not draft, from *shadow* drafts: the token it would have drafted,
+compared with the token the step produced, at no cost in rows. The j-th draft token pays when p ** j
+exceeds the break-even rate of the batch (`break_even_rate`, from measured step costs, BENCHMARKS.md),
+so a request drafts as many tokens as pay (`draft_length`): none on text that does not repeat itself,
+a few in a large batch, up to K alone.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from server.engine.request import Request
 
 # When drafting pays. A step over N rows of B sequences costs about a + b * N: a fixed part (the
-# weights read once, attention per sequence) and a part per row. Drafting k tokens adds k * b; each
-# accepted token saves its request a step, worth (a + b * B) / B. So a request's drafts pay while
-# their acceptance rate exceeds b * B / (a + b * B) = B / (B + a / b). The fixed part in rows, a / b,
+# weights read once, attention per sequence) and a part per row. A draft token adds a row, b; an
+# accepted one saves its request a step, worth (a + b * B) / B. So a draft token pays while the
+# chance it is accepted exceeds b * B / (a + b * B) = B / (B + a / b). The fixed part in rows, a / b,
 # is measured (BENCHMARKS.md, "Speculative decoding: when drafts pay"): about 7 rows alone, growing
 # by about half a row per sequence in the batch.
 FIXED_ROWS_ALONE, FIXED_ROWS_PER_SEQUENCE = 7.0, 0.5
-PROBE_TOKENS = 1  # the draft length after a pause (and first), until a draft pays again: one row at stake
-FIRST_PAUSE, LONGEST_PAUSE = 4, 64  # steps without drafting after a draft that did not pay; doubled in a row
+DECAY = 0.8  # each decided draft token keeps this fraction of the evidence before it
+PRIOR_TRIALS = 5.0  # a request starts as if 5 draft tokens had been rejected: it drafts once shadows hit
+SHIFT = 32  # bits per token id in a packed n-gram key
 
 
 def break_even_rate(batch: int) -> float:
-    """The acceptance rate above which drafting pays, with `batch` sequences in the step."""
+    """The acceptance chance above which a draft token pays, with `batch` sequences in the step."""
     return batch / (batch + FIXED_ROWS_ALONE + FIXED_ROWS_PER_SEQUENCE * batch)
+
+
+def draft_length(p: float, break_even: float, limit: int) -> int:
+    """How many draft tokens pay when each is accepted with chance `p` given the ones before it: the
+    j-th is accepted with chance p ** j and pays while that exceeds `break_even` (at most `limit`)."""
+    if p <= break_even or limit <= 0:
+        return 0
+    if p >= 1.0:
+        return limit
+    return min(limit, int(math.log(break_even) / math.log(p) + 1e-9))
 
 
 @dataclass
@@ -55,13 +72,24 @@ class SpecDecodeStats:
 class DraftState:
     """One request's drafting state, kept by the Drafter."""
 
-    index: dict[tuple[int, ...], int] = field(default_factory=dict)  # n-gram -> end of its latest occurrence
+    index: dict[int, int] = field(default_factory=dict)  # packed n-gram -> end of its latest occurrence
     indexed: int = 0  # leading tokens of the sequence entered into `index`
-    matches: dict[int, int] = field(default_factory=dict)  # n -> end of the suffix n-gram's previous occurrence
-    rate: float | None = None  # acceptance rate of its recent drafts (each halves the weight of those before)
-    probing: bool = True  # draft PROBE_TOKENS only: the first draft, and the first after a pause
-    pause: int = 0  # steps left without drafting
-    next_pause: int = FIRST_PAUSE  # the pause after the next draft that does not pay
+    match: int | None = None  # end of the previous occurrence of the longest suffix n-gram found (None: none)
+    hits: float = 0.0  # draft tokens accepted (verified or shadow), each observation decaying the ones before
+    trials: float = PRIOR_TRIALS  # draft tokens whose acceptance was decided, decayed alike
+    shadow: int | None = None  # the token it would have drafted at position `shadow_at`, had it drafted
+    shadow_at: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        """The chance that its next draft token is accepted, given the ones before it."""
+        return self.hits / self.trials
+
+    def observe(self, accepted: int, decided: int) -> None:
+        """`decided` draft tokens in a row were accepted or rejected: the first `accepted` of them accepted."""
+        for i in range(decided):
+            self.hits = DECAY * self.hits + (i < accepted)
+            self.trials = DECAY * self.trials + 1
 
 
 class Drafter:
@@ -70,52 +98,58 @@ class Drafter:
         self.stats = SpecDecodeStats(accepted_per_position=[0] * num_speculative_tokens)
 
     def draft_all(self, running: list[Request]) -> None:
-        """Sets the draft of every running request (empty unless it decodes and may speculate)."""
+        """Sets the draft of every running request (empty unless it decodes, may speculate and its
+        drafts pay in a batch of this many sequences)."""
+        break_even = break_even_rate(len(running))
         for req in running:
             decoding = req.speculative and req.num_computed == req.num_tokens - 1
-            req.draft = self.propose(req) if decoding else []
+            req.draft = self.propose(req, break_even) if decoding else []
 
-    def propose(self, req: Request) -> list[int]:
-        """The draft for a decoding request's next step (possibly empty): at most K tokens, and never
-        more than its remaining tokens less the one the step samples anyway."""
+    def propose(self, req: Request, break_even: float) -> list[int]:
+        """The draft for a decoding request's next step (possibly empty): as many tokens as pay, at most
+        K, and never more than its remaining tokens less the one the step samples anyway."""
         state = req.draft_state
         if state is None:
             state = req.draft_state = DraftState()
-        if state.pause:
-            state.pause -= 1
-            return []
-        limit = min(PROBE_TOKENS if state.probing else self.k, req.params.max_new_tokens - req.num_output_tokens - 1)
-        if limit <= 0:
-            return []
         tokens = req.token_ids
+        if state.shadow is not None and len(tokens) > state.shadow_at:  # last step's would-be draft, scored
+            state.observe(int(tokens[state.shadow_at] == state.shadow), 1)
+        state.shadow = None
         self._extend(state, tokens)
-        for n in range(self.max_n, self.min_n - 1, -1):
-            end = state.matches.get(n)
-            if end is not None:
-                draft = tokens[end + 1:end + 1 + limit]
-                period = len(tokens) - 1 - end  # the match overlaps the end: the run repeats with this period
-                while len(draft) < limit:
-                    draft.append(draft[len(draft) - period])
-                return draft
-        return []
+        end = state.match
+        if end is None:
+            return []
+        limit = min(self.k, req.params.max_new_tokens - req.num_output_tokens - 1)
+        length = draft_length(state.acceptance, break_even, limit)
+        if length == 0:
+            if limit > 0:
+                state.shadow, state.shadow_at = tokens[end + 1], len(tokens)
+            return []
+        draft = tokens[end + 1:end + 1 + length]
+        period = len(tokens) - 1 - end  # the match overlaps the end: the run repeats with this period
+        while len(draft) < length:
+            draft.append(draft[len(draft) - period])
+        return draft
 
     def _extend(self, state: DraftState, tokens: list[int]) -> None:
-        """Enters the n-grams ending at each new token; for the last one, remembers where each of its
-        suffix n-grams occurred before (the candidates for the next draft)."""
+        """Enters the n-grams ending at each new token; for the last one, remembers where its longest
+        suffix n-gram occurred before (the candidate for the next draft)."""
+        index, min_n, max_n = state.index, self.min_n, self.max_n
+        match = state.match
         for end in range(state.indexed, len(tokens)):
-            matches = {}
-            for n in range(self.min_n, min(self.max_n, end + 1) + 1):
-                gram = tuple(tokens[end - n + 1:end + 1])
-                previous = state.index.get(gram)
-                if previous is not None:
-                    matches[n] = previous
-                state.index[gram] = end
-            state.matches = matches
-        state.indexed = len(tokens)
+            key, match = 1, None
+            for n in range(1, min(max_n, end + 1) + 1):
+                key = (key << SHIFT) | tokens[end - n + 1]  # a leading 1, then the n tokens: unique per n-gram
+                if n >= min_n:
+                    previous = index.get(key)
+                    if previous is not None:
+                        match = previous
+                    index[key] = end
+        state.match, state.indexed = match, len(tokens)
 
-    def record(self, req: Request, drafted: int, accepted: int, batch: int) -> None:
-        """A verified draft, in a step of `batch` sequences: the counters, and whether the request
-        goes on drafting (full drafts while they pay; else a pause, doubled each time in a row)."""
+    def record(self, req: Request, drafted: int, accepted: int) -> None:
+        """A verified draft: the counters, and its request's acceptance estimate (the accepted tokens
+        and the first rejected one were decided; the tokens after a rejection were not)."""
         s = self.stats
         s.num_drafts += 1
         s.num_draft_tokens += drafted
@@ -124,14 +158,7 @@ class Drafter:
             s.accepted_per_position[i] += 1
         req.stats.draft_tokens += drafted
         req.stats.accepted_draft_tokens += accepted
-        state = req.draft_state
-        rate = accepted / drafted
-        state.rate = rate if state.rate is None else (state.rate + rate) / 2
-        if state.rate >= break_even_rate(batch):
-            state.probing, state.next_pause = False, FIRST_PAUSE
-        else:
-            state.pause, state.next_pause = state.next_pause, min(2 * state.next_pause, LONGEST_PAUSE)
-            state.probing, state.rate = True, None
+        req.draft_state.observe(accepted, accepted + (accepted < drafted))
 
 
 def accepted_length(draft: list[int], targets: list[int]) -> int:
