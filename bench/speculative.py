@@ -11,6 +11,10 @@ Workloads, from the held-out plays (model.data.VALIDATION_PLAYS):
 - open-greedy: a passage, greedy (a small model falls into its own loops);
 - open-sampled: a passage, sampled at temperature 0.8 (seeded): text that rarely repeats itself.
 
+`--served`: the same comparison through HTTP at c = 1, two `python -m server` processes (plain and
+`--speculative ngram`, `--threads 1`), each request a POST /v1/completions with the prompt's token ids,
+one after the other, the servers in turns.
+
 Each run reports output tokens per second of wall time and per second of CPU time (the process's):
 on a shared machine the wall clock also measures the neighbours, the CPU time much less so. The heap
 is frozen after loading (gc.freeze), as the server freezes it once it is ready, so that a full
@@ -97,6 +101,42 @@ def closed_loop(engine: Engine, prompts: list[list[int]], workload: str, concurr
             "tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / cpu}
 
 
+def served(args, tokenizer, workloads: list[str]) -> list[dict]:
+    """Plain and speculative servers at c = 1, in turns: output tokens per second of wall time."""
+    import httpx
+
+    from bench.serving import running_server
+    logs, flags = Path(args.out or "/tmp") / "speculative-served", ["--threads", str(args.threads)]
+    spec = flags + ["--speculative", "ngram", "--num-speculative-tokens", str(args.num_speculative_tokens)]
+    runs = []
+    with running_server(args.checkpoint, args.device, args.dtype, logs / "plain.log", flags) as plain_url, \
+            running_server(args.checkpoint, args.device, args.dtype, logs / "spec.log", spec) as spec_url, \
+            httpx.Client(trust_env=False, timeout=600) as client:
+        for workload in workloads:
+            prompts = workload_prompts(workload, tokenizer, Path(args.data_dir), 64)[:args.requests or 4]
+            for round_ in range(args.rounds):
+                for mode, url in (("plain", plain_url), ("speculative", spec_url)):
+                    tokens = accepted = 0
+                    began = time.perf_counter()
+                    for i, ids in enumerate(prompts):
+                        p = params_for(workload, args.max_new_tokens, i)
+                        usage = client.post(f"{url}/v1/completions", json={
+                            "prompt": ids, "max_tokens": p.max_new_tokens, "temperature": p.temperature,
+                            "seed": p.seed, "ignore_eos": True}).raise_for_status().json()["usage"]
+                        tokens += usage["completion_tokens"]
+                        accepted += (usage.get("completion_tokens_details") or {}).get("accepted_prediction_tokens", 0)
+                    wall = time.perf_counter() - began
+                    runs.append({"workload": workload, "mode": mode, "round": round_, "tokens": tokens,
+                                 "wall_s": wall, "tokens_per_s": tokens / wall, "accepted_tokens": accepted})
+                    print(f"served {workload:12s} c= 1 {mode:11s} round {round_}: {tokens / wall:7.1f} tok/s "
+                          f"({accepted} accepted draft tokens)", flush=True)
+    for workload in workloads:
+        median = {mode: statistics.median(r["tokens_per_s"] for r in runs if (r["workload"], r["mode"]) ==
+                                          (workload, mode)) for mode in ("plain", "speculative")}
+        print(f"served {workload:12s} c= 1: speculative / plain = {median['speculative'] / median['plain']:.2f}")
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = base_parser("python -m bench.speculative", __doc__)
     ap.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="where the plays' *_gut.txt files are")
@@ -107,13 +147,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
     ap.add_argument("--step-costs", action="store_true", help="also time a step over B sequences x r rows")
+    ap.add_argument("--served", action="store_true", help="through HTTP at c = 1 instead (two server processes)")
     args = ap.parse_args(argv)
     if args.quick:
         args.concurrency, args.rounds, args.max_new_tokens = "1,2", 1, 16
     args.threads = args.threads or 1
     device, dtype = resolve(args)
+    if args.served:
+        runs = served(args, load_tokenizer(args.checkpoint), args.workloads.split(","))
+        write_result("speculative_served", {"benchmark": "speculative_served", "machine": machine_info(device, dtype),
+                                            "checkpoint": args.checkpoint, "threads": args.threads,
+                                            "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+                                            "num_speculative_tokens": args.num_speculative_tokens, "runs": runs},
+                     args.out)
+        return 0
     torch.set_num_threads(1)
-    model = load_model(args.checkpoint, device=device, dtype=dtype, kernels="auto")
+    model = load_model(args.checkpoint, device=device, dtype=dtype, kernels="auto", quantization=args.quantization)
     tokenizer = load_tokenizer(args.checkpoint)
     engines = {"plain": Engine(model, tokenizer, threads=args.threads, max_num_seqs=64),
                "speculative": Engine(model, tokenizer, threads=args.threads, max_num_seqs=64, speculative="ngram",
@@ -154,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{workload:12s} c={concurrency:2d}: speculative / plain = {ratio['tokens_per_s']:.2f} (wall), "
                   f"{ratio['tokens_per_cpu_s']:.2f} (CPU)", flush=True)
     write_result("speculative", {"benchmark": "speculative", "machine": machine_info(device, dtype),
-                                 "checkpoint": args.checkpoint, "threads": args.threads,
+                                 "checkpoint": args.checkpoint, "quantization": args.quantization, "threads": args.threads,
                                  "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
                                  "num_speculative_tokens": args.num_speculative_tokens, "step_costs_cpu_ms": costs,
                                  "summary": summary,
