@@ -60,14 +60,15 @@ class EngineReplica:
             for rid in open_ids:
                 self.engine.abort(rid)
 
-    def record_routing_stats(self) -> dict:
+    # async, so Serve calls them on the replica's loop: a sync method runs in a new worker thread each time
+    async def record_routing_stats(self) -> dict:
         stats = self.engine.stats
         return report_from(self.replica_id, self.engine.blocks, self.engine.num_running, self.engine.num_waiting,
                            prefix_cache_queries=stats.prefix_cache_queries, prefix_cache_hits=stats.prefix_cache_hits,
                            preemptions=stats.preemptions, kv_cache_usage=self.engine.kv_cache_usage,
                            pid=os.getpid(), kernels=self.engine.model.kernels).to_stats()
 
-    def check_health(self) -> None:
+    async def check_health(self) -> None:
         """Ray Serve's health check: a replica whose engine thread died is restarted."""
         if not self.engine.alive:
             raise RuntimeError("the engine thread is not running")
