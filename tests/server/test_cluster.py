@@ -197,7 +197,7 @@ def test_kv_routing_falls_back_to_the_least_loaded_replica_past_the_imbalance_th
 
     def run(i: int) -> None:
         out = _post(url, "/generate", {"inputs": f"{prefix} {i}", "parameters": {
-            "max_new_tokens": 300, "ignore_eos": True, "details": True}})
+            "max_new_tokens": 300, "ignore_eos": True, "details": True, "speculative": False}})
         cached.append(out["details"]["cached_tokens"])
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(1, 9)]
@@ -219,29 +219,36 @@ def test_a_full_replica_answers_429_as_a_single_server_does(cluster):
                    trust_env=False)
     assert r.status_code == 429, r.text
     assert r.json()["error"]["type"] == "overloaded" and r.headers["retry-after"] == "1"
-    body = {"inputs": "a long one", "parameters": {"max_new_tokens": 1000, "ignore_eos": True}}
-    started, stop = threading.Event(), threading.Event()
+    long = {"inputs": "a long one", "parameters": {"max_new_tokens": 1000, "ignore_eos": True, "speculative": False}}
+    stop = threading.Event()
 
-    def hold() -> None:  # a stream that runs until the test is done with it
-        with httpx.stream("POST", url + "/generate_stream", json=body, timeout=120, trust_env=False) as r:
-            for line in r.iter_lines():
-                started.set()
-                if stop.is_set():
-                    return
+    def keep_busy() -> None:  # long streams, one after another: the replica's place and Serve's queue stay taken
+        while not stop.is_set():
+            with httpx.stream("POST", url + "/generate_stream", json=long, timeout=120, trust_env=False) as r:
+                if r.status_code != 200:
+                    time.sleep(0.05)
+                    continue
+                for _ in r.iter_lines():
+                    if stop.is_set():
+                        return
 
-    holders = [threading.Thread(target=hold) for _ in range(2)]  # one runs, one waits in Serve's queue
-    holders[0].start()
-    assert started.wait(60), "the first stream did not start"
-    holders[1].start()
-    time.sleep(1.0)
+    busy = [threading.Thread(target=keep_busy) for _ in range(3)]
+    for t in busy:
+        t.start()
     try:
-        for path, payload in (("/generate", body), ("/generate_stream", body)):
-            r = httpx.post(url + path, json=payload, timeout=60, trust_env=False)
-            assert r.status_code == 429, (path, r.status_code, r.text[:300])
-            assert r.json()["error_type"] == "overloaded"
+        for path in ("/generate", "/generate_stream"):
+            probe = {"inputs": "one more", "parameters": {"max_new_tokens": 1}}
+            deadline, statuses = time.monotonic() + 60, []
+            while time.monotonic() < deadline:
+                r = httpx.post(url + path, json=probe, timeout=60, trust_env=False)
+                statuses.append(r.status_code)
+                if r.status_code == 429:
+                    assert r.json()["error_type"] == "overloaded"
+                    break
+            assert statuses[-1] == 429, f"{path}: no 429 while the replica and Serve's queue were full: {statuses}"
     finally:
         stop.set()
-        for t in holders:
+        for t in busy:
             t.join(120)
     assert _post(url, "/generate", {"inputs": "afterwards", "parameters": {"max_new_tokens": 2}})["generated_text"]
 
@@ -262,7 +269,8 @@ def test_a_killed_replica_ends_its_streams_with_an_error_new_requests_succeed_an
         time.sleep(0.5)
     assert len(pids) == 2, pids
     victim = sorted(pids.values())[0]
-    body = {"inputs": "KING: a long tale", "parameters": {"max_new_tokens": 900, "ignore_eos": True}}
+    body = {"inputs": "KING: a long tale", "parameters": {"max_new_tokens": 900, "ignore_eos": True,
+                                                            "speculative": False}}  # still running at the kill
     started, finals = threading.Semaphore(0), []
 
     def run(prompt: str) -> None:
