@@ -95,8 +95,7 @@ inline void rows_by_group(const uint8_t* q, const float* sx, int64_t Kp, const i
     const __m512 rs = _mm512_set1_ps(sx[row + r]);
 #pragma GCC unroll 4
     for (int s = 0; s < kStrips; ++s) {
-      const __m512i exact = _mm512_sub_epi32(acc[r][s], _mm512_loadu_si512(offset + col + s * kStrip));
-      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(rs, _mm512_loadu_ps(sw + col + s * kStrip)));
+      const __m512 v = dequantize16(acc[r][s], offset + col + s * kStrip, sw + col + s * kStrip, rs);
       sums[r][2 * s] = low_half(v);
       sums[r][2 * s + 1] = high_half(v);
     }

@@ -8,6 +8,7 @@
 //     y = epilogue(float(acc - offset[o]) * (sx[r] * sw[o]) + b[o])
 // A row's outputs are therefore the same bits on either path, and in any batch.
 #include "linear_q8_amx.h"
+#include "linear_q8.h"
 
 #include <atomic>
 #include <cstring>
@@ -51,14 +52,13 @@ void configure_tiles() {
   _tile_loadconfig(&c);
 }
 
-// The float sequence of linear_q8.cpp's rows_by_group for one row and two strips (32 columns).
+// dequantize16 (linear_q8.h) and the epilogue for one row and two strips (32 columns).
 inline void finish_row(const int32_t* acc, const int32_t* offset, const float* sw, float sx,
                        const Output<float>& out, int64_t row, int64_t col) {
   __m256 sums[1][4];
   const __m512 rs = _mm512_set1_ps(sx);
   for (int s = 0; s < 2; ++s) {
-    const __m512i exact = _mm512_sub_epi32(_mm512_loadu_si512(acc + s * kStrip), _mm512_loadu_si512(offset + s * kStrip));
-    const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(rs, _mm512_loadu_ps(sw + s * kStrip)));
+    const __m512 v = dequantize16(_mm512_loadu_si512(acc + s * kStrip), offset + s * kStrip, sw + s * kStrip, rs);
     sums[0][2 * s] = low_half(v);
     sums[0][2 * s + 1] = high_half(v);
   }
