@@ -35,7 +35,7 @@ from model.checkpoint import load_model, load_tokenizer
 from model.data import DEFAULT_DATA_DIR, VALIDATION_PLAYS
 from model.kv_cache import PagedKVCache, StepBatch
 from model.sampling import SamplingParams
-from server.engine import Engine
+from server.engine import Engine, EngineConfig
 
 WORKLOADS = ("grounded", "open-greedy", "open-sampled")
 
@@ -107,7 +107,8 @@ def served(args, tokenizer, workloads: list[str]) -> list[dict]:
 
     from bench.serving import running_server
     logs, flags = Path(args.out or "/tmp") / "speculative-served", ["--threads", str(args.threads)]
-    spec = flags + ["--speculative", "ngram", "--num-speculative-tokens", str(args.num_speculative_tokens)]
+    spec = flags + ["--speculative", "ngram", "--num-speculative-tokens", str(args.num_speculative_tokens),
+                    "--ngram-history", str(args.ngram_history)]
     runs = []
     with running_server(args.checkpoint, args.device, args.dtype, logs / "plain.log", flags) as plain_url, \
             running_server(args.checkpoint, args.device, args.dtype, logs / "spec.log", spec) as spec_url, \
@@ -146,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
+    ap.add_argument("--ngram-history", type=int, default=EngineConfig.ngram_history,
+                    help="n of the n-gram history the requests share (0: off)")
     ap.add_argument("--step-costs", action="store_true", help="also time a step over B sequences x r rows")
     ap.add_argument("--served", action="store_true", help="through HTTP at c = 1 instead (two server processes)")
     args = ap.parse_args(argv)
@@ -158,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         write_result("speculative_served", {"benchmark": "speculative_served", "machine": machine_info(device, dtype),
                                             "checkpoint": args.checkpoint, "threads": args.threads,
                                             "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
-                                            "num_speculative_tokens": args.num_speculative_tokens, "runs": runs},
+                                            "num_speculative_tokens": args.num_speculative_tokens,
+                                            "ngram_history": args.ngram_history, "runs": runs},
                      args.out)
         return 0
     torch.set_num_threads(1)
@@ -166,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.checkpoint)
     engines = {"plain": Engine(model, tokenizer, threads=args.threads, max_num_seqs=64),
                "speculative": Engine(model, tokenizer, threads=args.threads, max_num_seqs=64, speculative="ngram",
-                                     num_speculative_tokens=args.num_speculative_tokens)}
+                                     num_speculative_tokens=args.num_speculative_tokens,
+                                     ngram_history=args.ngram_history)}
     costs = step_costs(model) if args.step_costs else None
     gc.collect()
     gc.freeze()  # as the server does once it is ready (server/api/state.py): no run pays for the loaded heap
@@ -177,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             requests = args.requests or max(4, 2 * concurrency)
             for round_ in range(args.rounds):
                 for mode, engine in engines.items():
+                    if engine.drafter is not None and engine.drafter.history is not None:
+                        engine.drafter.history.clear()  # no run drafts from an earlier run's identical requests
                     before = engine.counters()
                     run = closed_loop(engine, prompts, workload, concurrency, requests, args.max_new_tokens)
                     after = engine.counters()
@@ -205,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     write_result("speculative", {"benchmark": "speculative", "machine": machine_info(device, dtype),
                                  "checkpoint": args.checkpoint, "quantization": args.quantization, "threads": args.threads,
                                  "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
-                                 "num_speculative_tokens": args.num_speculative_tokens, "step_costs_cpu_ms": costs,
+                                 "num_speculative_tokens": args.num_speculative_tokens,
+                                 "ngram_history": args.ngram_history, "step_costs_cpu_ms": costs,
                                  "summary": summary,
                                  "runs": runs}, args.out)
     return 0

@@ -94,6 +94,9 @@ def parser() -> argparse.ArgumentParser:
                       help="the shortest n-gram a draft is looked up by")
     spec.add_argument("--prompt-lookup-max", type=_at_least(int, 0), default=defaults.prompt_lookup_max,
                       help="the longest n-gram a draft is looked up by (tried first)")
+    spec.add_argument("--ngram-history", type=_at_least(int, 0, strict=False), default=defaults.ngram_history,
+                      help="n of the n-gram history the requests share: a request drafts what followed its last n "
+                           "tokens in any earlier request of the same cache_salt (0: its own tokens only)")
     ap.add_argument("--log-level", default="info", type=str.lower,
                     choices=["critical", "error", "warning", "info", "debug", "trace"])
     sec = ap.add_argument_group("security")
@@ -172,7 +175,8 @@ def engine_config_from(args: argparse.Namespace, threads: int | None = None) -> 
                         enable_prefix_caching=args.prefix_caching, threads=args.threads if threads is None else threads,
                         kernels=args.kernels, speculative=args.speculative,
                         num_speculative_tokens=args.num_speculative_tokens, prompt_lookup_min=args.prompt_lookup_min,
-                        prompt_lookup_max=args.prompt_lookup_max, quantization=args.quantization,
+                        prompt_lookup_max=args.prompt_lookup_max, ngram_history=args.ngram_history,
+                        quantization=args.quantization,
                         kv_cache_dtype=args.kv_cache_dtype)
 
 

@@ -22,6 +22,7 @@ class EngineConfig:
     num_speculative_tokens: int = 4  # K, the most draft tokens a request verifies in one step
     prompt_lookup_min: int = 2  # the shortest n-gram a draft is looked up by
     prompt_lookup_max: int = 4  # the longest
+    ngram_history: int = 16  # n of the n-gram history shared by requests' drafts (0: each drafts from its own tokens)
     quantization: str | None = None  # None or 'int8': the products' weights (model.kernels.choose_backend)
     kv_cache_dtype: str | None = None  # None (the model's), 'float32' or 'bfloat16' (model.kv_cache.resolve_kv_cache_dtype)
 
@@ -36,6 +37,8 @@ class EngineConfig:
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min} "
                              f"and {self.prompt_lookup_max}")
+        if self.ngram_history < 0:
+            raise ValueError(f"ngram_history must be >= 0, got {self.ngram_history}")
         if self.target_step_ms is not None and not self.target_step_ms > 0:
             raise ValueError(f"target_step_ms must be > 0, got {self.target_step_ms}")
         if self.max_waiting < 0:

@@ -92,8 +92,8 @@ class Engine:
         self.step_stats = StepStats()
         self.scheduler = Scheduler(self.blocks, self.budget, max_num_seqs=config.max_num_seqs,
                                    max_waiting=config.max_waiting)
-        self.drafter = Drafter(config.num_speculative_tokens, config.prompt_lookup_min,
-                               config.prompt_lookup_max) if config.speculative == "ngram" else None
+        self.drafter = Drafter(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max,
+                               config.ngram_history) if config.speculative == "ngram" else None
         self.runner = ModelRunner(model, self.cache, config.max_num_seqs, config.max_num_batched_tokens,
                                   config.num_speculative_tokens if self.drafter else 0)
         if self.drafter is not None and model.kernels != "exact":
@@ -368,6 +368,8 @@ class Engine:
                 self.blocks.register_full_blocks(req)
             if req.finish_reason is not None:
                 self.scheduler.finish(req)
+                if self.drafter is not None:
+                    self.drafter.finished(req)
             events.append((req, out))
 
     def _fail(self, req: Request, error: str, events: list) -> None:

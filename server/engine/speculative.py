@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from server.engine.ngram_history import HISTORY_CAPACITY, NgramHistory
 from server.engine.request import Request
 
 # When drafting pays. A step over N rows of B sequences costs about a + b * N: a fixed part (the
@@ -79,6 +80,7 @@ class DraftState:
     trials: float = PRIOR_TRIALS  # draft tokens whose acceptance was decided, decayed alike
     shadow: int | None = None  # the token it would have drafted at position `shadow_at`, had it drafted
     shadow_at: int = 0
+    learned: int = 0  # positions before this have had their followers entered into the shared history
 
     @property
     def acceptance(self) -> float:
@@ -93,8 +95,11 @@ class DraftState:
 
 
 class Drafter:
-    def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int) -> None:
+    def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int,
+                 history_n: int = 0) -> None:
+        """history_n: n of the n-gram history shared by the requests (0: each drafts from its own tokens only)."""
         self.k, self.min_n, self.max_n = num_speculative_tokens, prompt_lookup_min, prompt_lookup_max
+        self.history = NgramHistory(history_n, HISTORY_CAPACITY) if history_n else None
         self.stats = SpecDecodeStats(accepted_per_position=[0] * num_speculative_tokens)
 
     def draft_all(self, running: list[Request]) -> None:
@@ -116,14 +121,28 @@ class Drafter:
             state.observe(int(tokens[state.shadow_at] == state.shadow), 1)
         state.shadow = None
         self._extend(state, tokens)
-        end = state.match
-        if end is None:
-            return []
+        if self.history is not None:
+            state.learned = self.history.learn(req.cache_salt, tokens, state.learned)
         limit = min(self.k, req.params.max_new_tokens - req.num_output_tokens - 1)
         length = draft_length(state.acceptance, break_even, limit)
         if length == 0:
             if limit > 0:
-                state.shadow, state.shadow_at = tokens[end + 1], len(tokens)
+                would_draft = self._candidate(req, tokens, 1)
+                if would_draft:
+                    state.shadow, state.shadow_at = would_draft[0], len(tokens)
+            return []
+        return self._candidate(req, tokens, length)
+
+    def _candidate(self, req: Request, tokens: list[int], length: int) -> list[int]:
+        """Up to `length` draft tokens: what followed the sequence's last n tokens in the shared history
+        when it knows them (the longer context), else what followed the latest earlier occurrence of its
+        longest suffix n-gram in its own tokens."""
+        if self.history is not None:
+            draft = self.history.follow(req.cache_salt, tokens, length)
+            if draft:
+                return draft
+        end = req.draft_state.match
+        if end is None:
             return []
         draft = tokens[end + 1:end + 1 + length]
         period = len(tokens) - 1 - end  # the match overlaps the end: the run repeats with this period
@@ -146,6 +165,11 @@ class Drafter:
                         match = previous
                     index[key] = end
         state.match, state.indexed = match, len(tokens)
+
+    def finished(self, req: Request) -> None:
+        """A request ended: the shared history learns its tokens since its last draft."""
+        if self.history is not None and req.draft_state is not None:
+            req.draft_state.learned = self.history.learn(req.cache_salt, req.token_ids, req.draft_state.learned)
 
     def record(self, req: Request, drafted: int, accepted: int) -> None:
         """A verified draft: the counters, and its request's acceptance estimate (the accepted tokens

@@ -71,3 +71,12 @@ def test_the_step_time_target_flag_reaches_the_engine_config():
     assert parse_args(["--target-step-ms", "40"]).target_step_ms == 40.0
     with pytest.raises(SystemExit):
         parse_args(["--target-step-ms", "0"])
+
+
+def test_the_ngram_history_flag_reaches_the_engine_config_and_zero_turns_it_off():
+    from server.__main__ import engine_config_from
+    assert engine_config_from(parse_args([])).ngram_history == EngineConfig().ngram_history > 0
+    assert engine_config_from(parse_args(["--ngram-history", "0"])).ngram_history == 0
+    assert engine_config_from(parse_args(["--ngram-history", "24"])).ngram_history == 24
+    with pytest.raises(SystemExit):
+        parse_args(["--ngram-history", "-1"])

@@ -8,6 +8,7 @@ import pytest
 
 from model.sampling import SamplingParams
 from server.engine.request import Request
+from server.engine.ngram_history import NgramHistory
 from server.engine.speculative import DraftState, Drafter, accepted_length, break_even_rate, draft_length
 
 
@@ -83,3 +84,43 @@ def test_a_request_whose_lookups_come_true_drafts_k_tokens_after_a_few_shadow_hi
     rejected = req.stats.draft_tokens - req.stats.accepted_draft_tokens
     assert 0 < rejected <= 24 and not any(drafts[-60:]), (rejected, drafts)
     assert req.stats.draft_tokens - before < 30
+
+
+def test_the_history_gives_what_followed_the_last_n_tokens_and_chains_through_its_own_draft():
+    history = NgramHistory(3, 1000)
+    text = [1, 2, 3, 4, 5, 6, 7, 8]
+    assert history.learn(None, text, 0) == 7  # the last token's follower is not known yet
+    assert history.follow(None, [9, 1, 2, 3], 4) == [4, 5, 6, 7]  # 2 3 4 -> 5, 3 4 5 -> 6, ...
+    assert history.follow(None, [9, 6, 7, 8], 4) == []  # 6 7 8 was never followed
+    assert history.follow(None, [2, 3], 4) == []  # shorter than n
+    history.learn(None, [5, 6, 7, 42], 0)  # a later write wins
+    assert history.follow(None, [5, 6, 7], 1) == [42]
+
+
+def test_the_history_keeps_salts_apart_and_stays_bounded():
+    history = NgramHistory(2, 100)
+    history.learn("tenant-a", [1, 2, 3], 0)
+    assert history.follow("tenant-a", [1, 2], 1) == [3]
+    assert history.follow("tenant-b", [1, 2], 1) == [] and history.follow(None, [1, 2], 1) == []
+    for i in range(50):
+        history.learn(None, [1000 + 3 * i, 1001 + 3 * i, 1002 + 3 * i, 7], 0)
+        assert len(history) <= 100
+    assert history.follow(None, [1000 + 3 * 49, 1001 + 3 * 49], 1) == [1002 + 3 * 49]  # the newest stay
+    assert history.follow("tenant-a", [1, 2], 1) == []  # the oldest went first
+
+
+def test_a_request_drafts_what_an_earlier_request_produced_from_the_shared_history():
+    """The second request's text, never seen in its own tokens, comes from the first's: it drafts
+    from the first step on (after the shadow drafts that raise its estimate), and accepts them."""
+    text = random.Random(5).choices(range(1000), k=120)
+    alone, shared = Drafter(4, 2, 4), Drafter(4, 2, 4, history_n=8)
+    for drafter in (alone, shared):
+        first = request(text[:10])
+        run(drafter, first, text[10:])
+        drafter.finished(first)
+    assert alone.stats.num_accepted_tokens == 0  # random text: no n-gram of it repeats
+    second, again = request(text[:10]), request(text[:10])
+    run(alone, second, text[10:])
+    run(shared, again, text[10:])
+    assert second.stats.accepted_draft_tokens == 0
+    assert again.stats.accepted_draft_tokens == again.stats.draft_tokens > 80, again.stats
