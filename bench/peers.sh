@@ -1,21 +1,36 @@
 #!/usr/bin/env bash
-# bench/peers.sh PEERS_DIR OUT_DIR [ROUNDS]: this server, llama-server (f32 and f16 weights) and vLLM's
-# CPU build on the default checkpoint, in turns, one at a time, each driven by `vllm bench serve`
-# (random 64-token prompts, 128 new tokens, greedy) at concurrency 1, 8 and 32 (32, 64 and 128
-# prompts). SERVERS="ours llama-f32" picks some. Needs ../shared/peers/setup.sh PEERS_DIR
-# first (not part of this project: a measuring tool, kept out of the dependencies and of CI).
-# Output tokens/s are counted by each server's own metrics (vllm bench miscounts llama-server's).
+# bench/peers.sh [--checkpoint DIR] PEERS_DIR OUT_DIR [ROUNDS]: this server, llama-server and vLLM's CPU build
+# on one checkpoint (default: checkpoints/shakespeare-small), in turns, one at a time, each driven by
+# `vllm bench serve` (random 64-token prompts, 128 new tokens, greedy, ignore_eos) at each concurrency of
+# LEVELS ("C:PROMPTS ...", default "1:32 8:32 32:128"). Needs ../shared/peers/setup.sh PEERS_DIR first (not
+# part of this project: a measuring tool, kept out of the dependencies and of CI).
+#   SERVERS   which, in order (default "ours llama-f32 llama-f16 vllm-f32"): ours, llama-f32, llama-f16,
+#             llama-q8_0, vllm-f32, vllm-bf16
+#   OURS_ARGS flags added to ours (e.g. "--quantization int8 --kv-cache-dtype bfloat16"); KVMEM its
+#             --kv-cache-memory (default 2GiB)
+#   LLAMA_BIN, LLAMA_ARGS  another llama-server build, extra flags (e.g. --no-repack)
+# llama-server reads DIR-<type>.gguf beside the checkpoint (made by ../shared/peers/convert.py), or for the
+# default checkpoint PEERS_DIR/gguf/model-<type>.gguf. Output tokens/s are counted by each server's own
+# metrics (vllm bench miscounts llama-server's). Summary: OUT_DIR/summary.txt, one JSON line per run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PEERS=$(cd "${1:?usage: bench/peers.sh PEERS_DIR OUT_DIR [ROUNDS]}" && pwd)
+CK=checkpoints/shakespeare-small
+if [ "${1:-}" = --checkpoint ]; then CK=${2:?--checkpoint DIR}; shift 2; fi
+CK=$(cd "$CK" && pwd)
+PEERS=$(cd "${1:?usage: bench/peers.sh [--checkpoint DIR] PEERS_DIR OUT_DIR [ROUNDS]}" && pwd)
 OUT=$(mkdir -p "${2:?}" && cd "$2" && pwd)
 ROUNDS=${3:-2}
-SHARED=../shared/peers
+NAME=$(basename "$CK")
+NPOS=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['n_positions'])" "$CK/config.json")
+LLAMA=$PEERS/llama/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-server
+gguf() {  # the GGUF file of one type (f32, f16, q8_0)
+  if [ -f "$CK-$1.gguf" ]; then echo "$CK-$1.gguf"; else echo "$PEERS/gguf/model-$1.gguf"; fi
+}
 counter() {  # generated tokens so far, from the server's own metrics
   case $1 in
     ours) curl -s localhost:8100/metrics | awk '/^kvserve:generation_tokens_total/ {print $2}' ;;
     llama-*) curl -s localhost:8300/metrics | awk '/^llamacpp:tokens_predicted_total/ {print $2}' ;;
-    vllm) curl -s localhost:8200/metrics | awk '/^vllm:generation_tokens_total/ {s+=$2} END {print s}' ;;
+    vllm-*) curl -s localhost:8200/metrics | awk '/^vllm:generation_tokens_total/ {s+=$2} END {print s}' ;;
   esac
 }
 # Each server runs in a session of its own (setsid), so that its process group holds it and whatever it
@@ -23,10 +38,19 @@ counter() {  # generated tokens so far, from the server's own metrics
 PID=
 start() {
   case $1 in
-    ours) setsid .venv/bin/python -m server --port 8100 --log-level warning > "$OUT/$1.log" 2>&1 &
-          URL=http://127.0.0.1:8100 ;;
-    llama-*) setsid bash $SHARED/serve.sh "$PEERS" "$1" 8300 > "$OUT/$1.log" 2>&1 & URL=http://127.0.0.1:8300 ;;
-    vllm) setsid bash $SHARED/serve.sh "$PEERS" vllm 8200 > "$OUT/$1.log" 2>&1 & URL=http://127.0.0.1:8200 ;;
+    ours) # shellcheck disable=SC2086
+      setsid .venv/bin/python -m server --checkpoint "$CK" --port 8100 --log-level warning \
+        --kv-cache-memory "${KVMEM:-2GiB}" ${OURS_ARGS:-} > "$OUT/$1.log" 2>&1 &
+      URL=http://127.0.0.1:8100; MODEL=$NAME ;;
+    llama-*) # shellcheck disable=SC2086
+      setsid "${LLAMA_BIN:-$LLAMA}" -m "$(gguf "${1#llama-}")" ${LLAMA_ARGS:-} --host 127.0.0.1 --port 8300 -t 2 \
+        -np 32 -c $((32 * NPOS)) --metrics > "$OUT/$1.log" 2>&1 &
+      URL=http://127.0.0.1:8300; MODEL=$NAME ;;
+    vllm-*) dtype=${1#vllm-}; [ "$dtype" = f32 ] && dtype=float32; [ "$dtype" = bf16 ] && dtype=bfloat16
+      VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_HOST_IP=127.0.0.1 setsid "$PEERS/vllm/bin/vllm" \
+        serve "$CK" --host 127.0.0.1 --port 8200 --dtype "$dtype" --max-model-len "$NPOS" > "$OUT/$1.log" 2>&1 &
+      URL=http://127.0.0.1:8200; MODEL=$CK ;;
+    *) echo "unknown server $1" >&2; return 1 ;;
   esac
   PID=$!
   for _ in $(seq 1 600); do curl -sf "$URL/health" > /dev/null && return 0; sleep 1; done
@@ -41,24 +65,37 @@ stop() {  # the server this script started last, and its children: SIGTERM, then
   PID=
 }
 trap stop EXIT
-MODEL_OF() { case $1 in vllm) echo "$(cd checkpoints/shakespeare-small && pwd)" ;; *) echo shakespeare-small ;; esac; }
+load() {  # vllm bench serve: concurrency, prompts, result file
+  local extra=(); case $URL in *:8300) extra=(--header Connection=close) ;; esac
+  "$PEERS/vllm/bin/vllm" bench serve --backend openai --base-url "$URL" --endpoint /v1/completions --model "$MODEL" \
+    --tokenizer "$CK" --dataset-name random --random-input-len 64 --random-output-len 128 --ignore-eos \
+    --temperature 0 --max-concurrency "$1" --num-prompts "$2" --seed "$round" --disable-tqdm \
+    --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --save-result --result-dir "$OUT" \
+    --result-filename "$(basename "$3")" "${extra[@]}"
+}
 for round in $(seq 1 "$ROUNDS"); do
-  for server in ${SERVERS:-ours llama-f32 llama-f16 vllm}; do
-    start $server || { echo "$server did not start" >> "$OUT/summary.txt"; stop; continue; }
-    for c in 1 8 32; do
-      n=$(( c == 1 ? 32 : 4 * c ))
-      before=$(counter $server)
-      bash $SHARED/bench.sh "$PEERS" "$URL" "$(MODEL_OF $server)" $c $n "$OUT/${server}_c${c}_r${round}.json" \
-        > "$OUT/${server}_c${c}_r${round}.log" 2>&1
-      after=$(counter $server)
-      python3 - "$OUT/${server}_c${c}_r${round}.json" "$before" "$after" "$server" "$c" "$round" >> "$OUT/summary.txt" <<'PYEOF'
+  for server in ${SERVERS:-ours llama-f32 llama-f16 vllm-f32}; do
+    start "$server" || { echo "{\"server\": \"$server\", \"round\": $round, \"error\": \"did not start\"}" >> "$OUT/summary.txt"; stop; continue; }
+    load 4 8 "$OUT/${server}_warmup_r${round}.json" > /dev/null 2>&1
+    for level in ${LEVELS:-1:32 8:32 32:128}; do
+      c=${level%:*}; n=${level#*:}
+      before=$(counter "$server")
+      load "$c" "$n" "$OUT/${server}_c${c}_r${round}.json" > "$OUT/${server}_c${c}_r${round}.log" 2>&1
+      after=$(counter "$server")
+      python3 - "$OUT/${server}_c${c}_r${round}.json" "$before" "$after" "$server" "$c" "$round" \
+        "$(cut -d' ' -f1 /proc/loadavg)" >> "$OUT/summary.txt" <<'PYEOF'
 import json, sys
-path, before, after, server, c, rnd = sys.argv[1:]
-d = json.load(open(path))
+path, before, after, server, c, rnd, load = sys.argv[1:]
+try:
+    d = json.load(open(path))
+except (OSError, ValueError) as e:
+    print(json.dumps({"server": server, "concurrency": int(c), "round": int(rnd), "error": str(e)}))
+    sys.exit()
 tokens = float(after) - float(before)
-print(json.dumps({"server": server, "concurrency": int(c), "round": int(rnd), "output_tok_s": tokens / d["duration"],
+print(json.dumps({"server": server, "concurrency": int(c), "round": int(rnd), "output_tok_s": round(tokens / d["duration"], 1),
                   "tokens": tokens, "duration_s": d["duration"], "p50_itl_ms": d["median_itl_ms"],
-                  "p99_itl_ms": d["p99_itl_ms"], "p50_ttft_ms": d["median_ttft_ms"], "p99_ttft_ms": d["p99_ttft_ms"]}))
+                  "p99_itl_ms": d["p99_itl_ms"], "p50_ttft_ms": d["median_ttft_ms"], "p99_ttft_ms": d["p99_ttft_ms"],
+                  "load_average_1m": float(load)}))
 PYEOF
     done
     stop; sleep 3
