@@ -14,7 +14,7 @@
 # metrics (vllm bench miscounts llama-server's). Summary: OUT_DIR/summary.txt, one JSON line per run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-CK=checkpoints/shakespeare-small
+DEFAULT_CK=$(pwd)/checkpoints/shakespeare-small; CK=$DEFAULT_CK
 if [ "${1:-}" = --checkpoint ]; then CK=${2:?--checkpoint DIR}; shift 2; fi
 CK=$(cd "$CK" && pwd)
 PEERS=$(cd "${1:?usage: bench/peers.sh [--checkpoint DIR] PEERS_DIR OUT_DIR [ROUNDS]}" && pwd)
@@ -23,8 +23,10 @@ ROUNDS=${3:-2}
 NAME=$(basename "$CK")
 NPOS=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['n_positions'])" "$CK/config.json")
 LLAMA=$PEERS/llama/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-server
-gguf() {  # the GGUF file of one type (f32, f16, q8_0)
-  if [ -f "$CK-$1.gguf" ]; then echo "$CK-$1.gguf"; else echo "$PEERS/gguf/model-$1.gguf"; fi
+gguf() {  # the GGUF file of one type (f32, f16, q8_0) of this checkpoint; fails when there is none
+  if [ -f "$CK-$1.gguf" ]; then echo "$CK-$1.gguf"
+  elif [ "$CK" = "$DEFAULT_CK" ] && [ -f "$PEERS/gguf/model-$1.gguf" ]; then echo "$PEERS/gguf/model-$1.gguf"
+  else echo "no $CK-$1.gguf (make it with ../shared/peers/convert.py)" >&2; return 1; fi
 }
 counter() {  # generated tokens so far, from the server's own metrics
   case $1 in
@@ -42,8 +44,9 @@ start() {
       setsid .venv/bin/python -m server --checkpoint "$CK" --port 8100 --log-level warning \
         --kv-cache-memory "${KVMEM:-2GiB}" ${OURS_ARGS:-} > "$OUT/$1.log" 2>&1 &
       URL=http://127.0.0.1:8100; MODEL=$NAME ;;
-    llama-*) # shellcheck disable=SC2086
-      setsid "${LLAMA_BIN:-$LLAMA}" -m "$(gguf "${1#llama-}")" ${LLAMA_ARGS:-} --host 127.0.0.1 --port 8300 -t 2 \
+    llama-*) local file; file=$(gguf "${1#llama-}") || return 1
+      # shellcheck disable=SC2086
+      setsid "${LLAMA_BIN:-$LLAMA}" -m "$file" ${LLAMA_ARGS:-} --host 127.0.0.1 --port 8300 -t 2 \
         -np 32 -c $((32 * NPOS)) --metrics > "$OUT/$1.log" 2>&1 &
       URL=http://127.0.0.1:8300; MODEL=$NAME ;;
     vllm-*) dtype=${1#vllm-}; [ "$dtype" = f32 ] && dtype=float32; [ "$dtype" = bf16 ] && dtype=bfloat16
@@ -53,7 +56,11 @@ start() {
     *) echo "unknown server $1" >&2; return 1 ;;
   esac
   PID=$!
-  for _ in $(seq 1 600); do curl -sf "$URL/health" > /dev/null && return 0; sleep 1; done
+  for _ in $(seq 1 600); do
+    curl -sf "$URL/health" > /dev/null && return 0
+    kill -0 "$PID" 2>/dev/null || return 1  # it died while starting: its log says why
+    sleep 1
+  done
   return 1
 }
 stop() {  # the server this script started last, and its children: SIGTERM, then SIGKILL after 30 s
@@ -65,22 +72,23 @@ stop() {  # the server this script started last, and its children: SIGTERM, then
   PID=
 }
 trap stop EXIT
-load() {  # vllm bench serve: concurrency, prompts, result file
-  local extra=(); case $URL in *:8300) extra=(--header Connection=close) ;; esac
+load() {  # vllm bench serve: concurrency, prompts, result file, seed (each level its own prompts)
+  local extra=(--disable-tqdm); case $URL in *:8300) extra+=(--header Connection=close) ;; esac
+  rm -f "$3"  # never read a result an earlier run left
   "$PEERS/vllm/bin/vllm" bench serve --backend openai --base-url "$URL" --endpoint /v1/completions --model "$MODEL" \
     --tokenizer "$CK" --dataset-name random --random-input-len 64 --random-output-len 128 --ignore-eos \
-    --temperature 0 --max-concurrency "$1" --num-prompts "$2" --seed "$round" --disable-tqdm \
+    --temperature 0 --max-concurrency "$1" --num-prompts "$2" --seed "$4" \
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --save-result --result-dir "$OUT" \
     --result-filename "$(basename "$3")" "${extra[@]}"
 }
 for round in $(seq 1 "$ROUNDS"); do
   for server in ${SERVERS:-ours llama-f32 llama-f16 vllm-f32}; do
     start "$server" || { echo "{\"server\": \"$server\", \"round\": $round, \"error\": \"did not start\"}" >> "$OUT/summary.txt"; stop; continue; }
-    load 4 8 "$OUT/${server}_warmup_r${round}.json" > /dev/null 2>&1
+    load 4 8 "$OUT/${server}_warmup_r${round}.json" $((1000 * round)) > /dev/null 2>&1
     for level in ${LEVELS:-1:32 8:32 32:128}; do
       c=${level%:*}; n=${level#*:}
       before=$(counter "$server")
-      load "$c" "$n" "$OUT/${server}_c${c}_r${round}.json" > "$OUT/${server}_c${c}_r${round}.log" 2>&1
+      load "$c" "$n" "$OUT/${server}_c${c}_r${round}.json" $((1000 * round + c)) > "$OUT/${server}_c${c}_r${round}.log" 2>&1
       after=$(counter "$server")
       python3 - "$OUT/${server}_c${c}_r${round}.json" "$before" "$after" "$server" "$c" "$round" \
         "$(cut -d' ' -f1 /proc/loadavg)" >> "$OUT/summary.txt" <<'PYEOF'
@@ -88,10 +96,10 @@ import json, sys
 path, before, after, server, c, rnd, load = sys.argv[1:]
 try:
     d = json.load(open(path))
-except (OSError, ValueError) as e:
+    tokens = float(after) - float(before)
+except (OSError, ValueError) as e:  # no result, or the server's counter did not answer
     print(json.dumps({"server": server, "concurrency": int(c), "round": int(rnd), "error": str(e)}))
     sys.exit()
-tokens = float(after) - float(before)
 print(json.dumps({"server": server, "concurrency": int(c), "round": int(rnd), "output_tok_s": round(tokens / d["duration"], 1),
                   "tokens": tokens, "duration_s": d["duration"], "p50_itl_ms": d["median_itl_ms"],
                   "p99_itl_ms": d["p99_itl_ms"], "p50_ttft_ms": d["median_ttft_ms"], "p99_ttft_ms": d["p99_ttft_ms"],

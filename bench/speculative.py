@@ -123,7 +123,9 @@ def served(args, tokenizer, workloads: list[str]) -> list[dict]:
                         p = params_for(workload, args.max_new_tokens, i)
                         usage = client.post(f"{url}/v1/completions", json={
                             "prompt": ids, "max_tokens": p.max_new_tokens, "temperature": p.temperature,
-                            "seed": p.seed, "ignore_eos": True}).raise_for_status().json()["usage"]
+                            "seed": p.seed, "ignore_eos": True,
+                            "cache_salt": f"round-{round_}",  # no round drafts from an earlier round's outputs
+                        }).raise_for_status().json()["usage"]
                         tokens += usage["completion_tokens"]
                         accepted += (usage.get("completion_tokens_details") or {}).get("accepted_prediction_tokens", 0)
                     wall = time.perf_counter() - began

@@ -96,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {message}", file=sys.stderr)
         return EXIT_STARTUP
     proxy_port = args.port
+    if not os.environ.get("RAY_ADDRESS"):
+        from server.cluster.env import own_ray_env
+        for name, value in own_ray_env().items():
+            os.environ.setdefault(name, value)
     if not os.environ.get("RAY_ADDRESS") and not args.serve_proxy:
         # set before Ray is imported and started: the ingress replica listens on --port, and Serve's
         # proxy, which it still starts, on a spare port

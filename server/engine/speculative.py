@@ -4,7 +4,9 @@ Drafts: the longest recent n-gram of a sequence (prompt and output, `prompt_look
 `prompt_lookup_min`) is looked up earlier in the sequence, and the tokens that followed its latest
 earlier occurrence become the draft. Each request keeps an index of its n-grams (each n-gram packed
 into one integer, so the index holds no tuples for the garbage collector to traverse), extended by the
-tokens it gained since the last look-up, so a look-up costs a few dictionary reads.
+tokens it gained since the last look-up, so a look-up costs a few dictionary reads. The engine's n-gram
+history (ngram_history.py), shared by the requests, offers a second draft: what followed the last n
+tokens (`--ngram-history`) in any earlier request of the same cache_salt, taken first when there is one.
 
 Verification (model_runner.py, sampler.py) gives the target's own token at each of the K + 1
 positions, the one decoding without speculation would have produced there; a draft token is accepted
@@ -135,20 +137,23 @@ class Drafter:
 
     def _candidate(self, req: Request, tokens: list[int], length: int) -> list[int]:
         """Up to `length` draft tokens: what followed the sequence's last n tokens in the shared history
-        when it knows them (the longer context), else what followed the latest earlier occurrence of its
-        longest suffix n-gram in its own tokens."""
+        when it knows them (each next one looked up by the n before it; it stops where the history does
+        not know them), else what followed the latest earlier occurrence of its longest suffix n-gram in
+        its own tokens. The history's draft wins even when shorter: its keys hold more context, and where
+        it stops, the continuation was not what followed before (taking the longer of the two measured
+        slower, BENCHMARKS.md section 14)."""
         if self.history is not None:
-            draft = self.history.follow(req.cache_salt, tokens, length)
-            if draft:
-                return draft
+            shared = self.history.follow(req.cache_salt, tokens, length)
+            if shared:
+                return shared
         end = req.draft_state.match
         if end is None:
             return []
-        draft = tokens[end + 1:end + 1 + length]
+        own = tokens[end + 1:end + 1 + length]
         period = len(tokens) - 1 - end  # the match overlaps the end: the run repeats with this period
-        while len(draft) < length:
-            draft.append(draft[len(draft) - period])
-        return draft
+        while len(own) < length:
+            own.append(own[len(own) - period])
+        return own
 
     def _extend(self, state: DraftState, tokens: list[int]) -> None:
         """Enters the n-grams ending at each new token; for the last one, remembers where its longest

@@ -19,7 +19,7 @@ serve = pytest.importorskip("ray.serve")
 
 from bench.tiny_checkpoint import main as make_tiny_checkpoint  # noqa: E402
 from server.cluster.app import ClusterSettings, build_app  # noqa: E402
-from server.cluster.env import direct_ingress_env  # noqa: E402
+from server.cluster.env import direct_ingress_env, own_ray_env  # noqa: E402
 from server.engine import EngineConfig  # noqa: E402
 from tests.server.conftest import serve as serve_single, wait_healthy  # noqa: E402
 
@@ -82,7 +82,7 @@ def cluster(checkpoint):
     app's ingress replica serves HTTP on its own port): `kv` at /, `round-robin` at /rr, two replicas
     each, and `small` at /small, one replica that holds one request. Yields their base URLs by name."""
     first = _free_ports(len(APPS))
-    env = direct_ingress_env(first, ports=len(APPS))
+    env = {**own_ray_env(), **direct_ingress_env(first, ports=len(APPS))}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # ray.init hands it to the Ray processes it starts
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
