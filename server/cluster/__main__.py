@@ -96,16 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {message}", file=sys.stderr)
         return EXIT_STARTUP
     proxy_port = args.port
-    if not os.environ.get("RAY_ADDRESS"):
-        from server.cluster.env import own_ray_env
+    if not os.environ.get("RAY_ADDRESS"):  # a Ray we start: set before Ray is imported and started
+        from server.cluster.env import direct_ingress_env, own_ray_env
         for name, value in own_ray_env().items():
             os.environ.setdefault(name, value)
-    if not os.environ.get("RAY_ADDRESS") and not args.serve_proxy:
-        # set before Ray is imported and started: the ingress replica listens on --port, and Serve's
-        # proxy, which it still starts, on a spare port
-        from server.cluster.env import direct_ingress_env
-        os.environ.update(direct_ingress_env(args.port))
-        proxy_port = _spare_port(args.host)
+        if not args.serve_proxy:  # the ingress replica listens on --port, Serve's proxy (still started) on a spare one
+            os.environ.update(direct_ingress_env(args.port))
+            proxy_port = _spare_port(args.host)
     try:
         settings = settings_from(args)
     except ValueError as e:
