@@ -21,7 +21,8 @@ from model.kernels.exact import (GROUP, STRIP, ExactBackend, PackedNorm, PackedW
                                  greedy, linear, paged_attention)
 from model.kernels.int8 import QUANTIZATIONS, Int8Backend, int8_unavailable_reason
 from model.kernels.interface import EPILOGUE_GELU, EPILOGUE_NONE, EPILOGUE_RESIDUAL
-from model.kernels.library import kernels_for, num_threads, set_num_threads, unavailable_reason
+from model.kernels.library import (configured_spin_us, kernels_for, num_threads, set_num_threads, set_spin_us, spin_us,
+                                   unavailable_reason)
 from model.kernels.stock import StockBackend
 
 KERNEL_CHOICES = ("auto", "exact", "stock")
@@ -53,6 +54,6 @@ def choose_backend(model, name: str = "auto", quantization: str | None = None) -
 
 __all__ = ["EPILOGUE_GELU", "EPILOGUE_NONE", "EPILOGUE_RESIDUAL", "GROUP", "KERNEL_CHOICES", "QUANTIZATIONS",
            "STRIP", "ExactBackend", "Int8Backend", "KernelBackend", "PackedNorm", "PackedWeight", "StockBackend",
-           "choose_backend", "embed", "exact_attention_supported", "greedy", "int8_unavailable_reason",
-           "kernels_for", "linear", "num_threads", "paged_attention", "set_num_threads", "stock",
+           "choose_backend", "configured_spin_us", "embed", "exact_attention_supported", "greedy", "int8_unavailable_reason",
+           "kernels_for", "linear", "num_threads", "paged_attention", "set_num_threads", "set_spin_us", "spin_us", "stock",
            "unavailable_reason"]

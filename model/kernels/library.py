@@ -28,7 +28,7 @@ def handle():
             try:
                 lib = load()
                 lib.kv_set_num_threads(torch.get_num_threads())
-                lib.kv_set_spin_us(int(os.environ.get("KVSERVE_KERNEL_SPIN_US", SPIN_US)))
+                lib.kv_set_spin_us(configured_spin_us())
                 _lib = lib
             except KernelBuildError as e:
                 _unavailable = str(e)
@@ -58,6 +58,24 @@ def set_num_threads(n: int) -> None:
     lib = handle()
     if lib is not None:
         lib.kv_set_num_threads(max(1, n))
+
+
+def set_spin_us(microseconds: int) -> None:
+    """How long an idle kernel thread spins for the next job before it sleeps (a no-op without the library)."""
+    lib = handle()
+    if lib is not None:
+        lib.kv_set_spin_us(max(0, int(microseconds)))
+
+
+def spin_us() -> int | None:
+    """The idle threads' spin now, in microseconds; None without the library."""
+    lib = handle()
+    return lib.kv_spin_us() if lib is not None else None
+
+
+def configured_spin_us() -> int:
+    """The spin a long step gets: KVSERVE_KERNEL_SPIN_US, else SPIN_US."""
+    return int(os.environ.get("KVSERVE_KERNEL_SPIN_US", SPIN_US))
 
 
 def num_threads() -> int:

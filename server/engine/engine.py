@@ -32,6 +32,7 @@ from model.tokenizer import Tokenizer
 from server.engine.admission import check_fits
 from server.engine.block_manager import BlockManager
 from server.engine.config import EngineConfig, EngineInfo
+from server.engine.kernel_spin import KernelSpin
 from server.engine.model_runner import ModelRunner, StepResult
 from server.engine.one_by_one import execute_one_by_one
 from server.engine.output_processor import OutputProcessor
@@ -90,6 +91,7 @@ class Engine:
         target_s = None if config.target_step_ms is None else config.target_step_ms / 1000
         self.budget = StepBudget(config.max_num_batched_tokens, target_s=target_s)
         self.step_stats = StepStats()
+        self.kernel_spin = KernelSpin()
         self.scheduler = Scheduler(self.blocks, self.budget, max_num_seqs=config.max_num_seqs,
                                    max_waiting=config.max_waiting)
         self.drafter = Drafter(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max,
@@ -330,6 +332,7 @@ class Engine:
                 seconds = time.perf_counter() - began
                 self.budget.observe(sched.work, seconds)
                 self.step_stats.observe(sched.work, seconds)
+                self.kernel_spin.observe(seconds, len(sched.num_tokens))
             except Exception:
                 log.exception("batched step failed; rerunning its requests one by one")
                 result = execute_one_by_one(self.runner, sched, lambda req, error: self._fail(req, error, events))

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 // The version of this interface, which the loader checks the library against.
-enum { KV_ABI_VERSION = 5 };
+enum { KV_ABI_VERSION = 6 };
 
 // What a product adds after the bias, per output element.
 enum {
@@ -85,6 +85,7 @@ int kv_abi_version();
 void kv_set_num_threads(int n);
 int kv_num_threads();
 void kv_set_spin_us(int64_t microseconds);
+int64_t kv_spin_us();
 int64_t kv_features();
 // Lets the int8 products use AMX tiles (the default) or not; returns 1 where they can run at all.
 int kv_set_amx(int enabled);

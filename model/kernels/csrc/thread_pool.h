@@ -34,6 +34,7 @@ class ThreadPool {
   }
 
   void set_spin_us(int64_t microseconds) { spin_us_.store(microseconds); }
+  int64_t spin_us() const { return spin_us_.load(); }
 
   static constexpr int64_t kMaxTasks = (int64_t(1) << 20) - 1;
 
