@@ -2,7 +2,8 @@
 # gen.sh OUT ROUND VARIANT... : each variant's server in turn under `vllm bench serve` (random 64-token prompts,
 # 128 out, greedy, ignore_eos), one summary line per level in OUT/summary.txt.
 # env: CK (checkpoint), LEVELS "c:n ..." (concurrency:prompts), FLAGS (server flags), VLLM, PY, and the trees:
-# head = TREE_HEAD (a git worktree of the commit before), new = TREE (this tree), spinN = this tree with
+# head = TREE_HEAD (a git worktree of 566d9cb, before), ef = TREE_EF (of ef28e96, the issues' starting point),
+# new0 = TREE_NEW0 (of 602ca59), new = TREE (this tree), spinN = this tree with
 # KVSERVE_KERNEL_SPIN_US=N; yieldN / parkN / propN = TREE_YIELD / TREE_PARK / TREE_PROP, the pool variants tried
 # (README of this folder).
 set -u
@@ -14,7 +15,7 @@ for v in "$@"; do
   D=$OUT/r$R-$v; mkdir -p $D
   envs="X=1"
   T=$TREE
-  case $v in spin*) envs="KVSERVE_KERNEL_SPIN_US=${v#spin}";; yield*) T=$TREE_YIELD; envs="KVSERVE_KERNEL_SPIN_US=${v#yield}";; park*) T=$TREE_PARK; envs="KVSERVE_KERNEL_SPIN_US=${v#park}";; head) T=$TREE_HEAD;; new) T=$TREE;; prop*) T=$TREE_PROP; envs="KVSERVE_KERNEL_SPIN_US=${v#prop}";; esac
+  case $v in spin*) envs="KVSERVE_KERNEL_SPIN_US=${v#spin}";; yield*) T=$TREE_YIELD; envs="KVSERVE_KERNEL_SPIN_US=${v#yield}";; park*) T=$TREE_PARK; envs="KVSERVE_KERNEL_SPIN_US=${v#park}";; head) T=$TREE_HEAD;; new0) T=$TREE_NEW0;; ef) T=$TREE_EF;; new) T=$TREE;; prop*) T=$TREE_PROP; envs="KVSERVE_KERNEL_SPIN_US=${v#prop}";; esac
   (cd $T && exec env $envs $PY -m server --checkpoint $CK --host 127.0.0.1 --port 8100 --log-level warning ${FLAGS:-}) > $D/server.log 2>&1 &
   SPID=$!
   for i in $(seq 1 240); do curl -sf http://127.0.0.1:8100/health >/dev/null && break; sleep 0.5; done
