@@ -1,8 +1,9 @@
 """KV-cache blocks: who holds which, and the prefix cache. Knows nothing of tensors.
 
 - Every block has a reference count: the requests whose block tables list it.
-- Blocks no request holds wait in the free queue, least recently released first. Allocation takes
-  from its front, so a block that still caches a prefix is evicted only when nothing older is left.
+- Blocks no request holds wait in `FreeBlocks` (free_blocks.py): empty ones are taken first, then cached
+  ones that never served a hit, then those that did, each least recently released first. A block
+  that still caches a prefix is evicted only when no empty block is left.
 - A full block of a request that uses the cache is keyed by a hash chain, hash(parent's key, its
   token ids), the first block's parent being the request's cache salt. A new request looks its
   blocks up in order and reuses the longest run of hits, verified token by token.
@@ -10,9 +11,9 @@
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Sequence
 
+from server.engine.free_blocks import PROTECTED_SHARE, FreeBlocks
 from server.engine.request import Request
 
 
@@ -39,16 +40,18 @@ def extend_block_keys(keys: list[int], token_ids: Sequence[int], block_size: int
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 protected_share: float = PROTECTED_SHARE) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"need blocks and a block size, got {num_blocks} x {block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))  # LRU first
+        self.free = FreeBlocks(num_blocks, protected_share)  # in the order they are taken
         self.block_hash: list[int | None] = [None] * num_blocks  # key of a cached full block, else None
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks  # its tokens, to verify hits
         self.cached: dict[int, int] = {}  # key -> block
+        self.reused = [False] * num_blocks  # per block: its cached tokens have served a hit (protects it)
         self.hit_counts = [0] * num_blocks  # per block: prefix-cache hits it served (for the KV view)
         self.evictions = 0  # cached blocks reused for other tokens (for the KV view)
 
@@ -112,9 +115,10 @@ class BlockManager:
         assert not req.block_ids, f"{req} already holds blocks"
         for block in hits:
             if self.ref_counts[block] == 0:
-                del self.free[block]
+                self.free.remove(block)
             self.ref_counts[block] += 1
             self.hit_counts[block] += 1
+            self.reused[block] = True
         req.block_ids = list(hits) + self._allocate(self.blocks_for(req.num_tokens) - len(hits))
         req.num_computed = len(hits) * self.block_size
         req.registered_blocks = len(hits)
@@ -137,7 +141,7 @@ class BlockManager:
             self.ref_counts[block] -= 1
             assert self.ref_counts[block] >= 0, f"block {block} released more often than held"
             if self.ref_counts[block] == 0:
-                self.free[block] = None
+                self.free.add(block, cached=self.block_hash[block] is not None, reused=self.reused[block])
                 freed.append(block)
         req.block_ids, req.num_computed, req.registered_blocks = [], 0, 0
         return freed
@@ -149,13 +153,15 @@ class BlockManager:
             if key is not None and self.cached.get(key) == block:
                 del self.cached[key]
             self.block_hash[block] = self.block_tokens[block] = None
+            self.reused[block] = False
+            self.free.emptied(block)
 
     def _allocate(self, n: int) -> list[int]:
         if n > len(self.free):
             raise RuntimeError(f"{n} blocks asked, {len(self.free)} free")
         blocks = []
         for _ in range(n):
-            block, _ = self.free.popitem(last=False)  # the least recently released
+            block = self.free.pop()
             self.evictions += self.block_hash[block] is not None
             self.forget([block])
             self.ref_counts[block] = 1

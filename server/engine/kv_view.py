@@ -36,7 +36,7 @@ class KVSnapshot:
     held_blocks: int  # listed by at least one running request
     cached_blocks: int  # held by none, still keying a prefix: a hit reuses it, an allocation may evict it
     ref_counts: list[int]  # per block: how many running requests list it (more than 1: shared)
-    cached_lru: list[int]  # the cached blocks, least recently released first (the first to be evicted)
+    cached_lru: list[int]  # the cached blocks in eviction order (free_blocks.py): the first goes first
     hit_counts: list[int]  # per block: prefix-cache hits it has served since the engine started
     requests: list[RequestBlocks]  # the running requests, in admission order
     num_waiting: int  # requests queued, holding no blocks (new or preempted)
@@ -48,7 +48,7 @@ class KVSnapshot:
 
 def kv_snapshot(blocks: BlockManager, scheduler: Scheduler) -> KVSnapshot:
     """The pool as it is now. Call it on the engine thread, between steps."""
-    cached_lru = [b for b in blocks.free if blocks.block_hash[b] is not None]  # `free` is in LRU order
+    cached_lru = [b for b in blocks.free if blocks.block_hash[b] is not None]  # `free` iterates in eviction order
     requests = [RequestBlocks(request_id=r.request_id, blocks=list(r.block_ids), num_tokens=r.num_tokens,
                               num_computed=r.num_computed, cached_tokens=r.stats.cached_tokens,
                               use_cache=r.use_cache) for r in scheduler.running]

@@ -1,4 +1,5 @@
-"""The block manager on its own: reference counts, the hash chain, LRU eviction, no double free."""
+"""The block manager on its own: reference counts, the hash chain, eviction (empty blocks first, then
+segmented LRU), no double free."""
 from __future__ import annotations
 
 import pytest
@@ -114,4 +115,72 @@ def test_forgotten_blocks_leave_the_cache():
     bm.forget(a.block_ids)
     assert bm.cached == {} and bm.cached_prefix(request(range(9))) == []
     bm.release(a)
+    bm.check_invariants()
+
+
+def test_a_cached_block_is_evicted_only_when_no_empty_block_is_left():
+    bm = BlockManager(4, 4)
+    a, _ = admitted(bm, range(8))  # 2 full blocks, cached
+    computed(bm, a)
+    a_blocks = list(a.block_ids)
+    c, _ = admitted(bm, range(50, 52))  # 1 partial block: caches nothing
+    computed(bm, c)
+    bm.release(a)
+    bm.release(c)  # released last: under plain LRU, a's blocks would be taken before it
+    admitted(bm, range(100, 105))  # 2 blocks: the never-used one and c's
+    assert len(bm.cached) == 2, "a's cached blocks must survive while empty ones are free"
+    assert bm.cached_prefix(request(list(range(8)) + [1])) == a_blocks
+    bm.check_invariants()
+
+
+def test_a_shared_prefix_outlives_one_off_blocks_released_after_it():
+    """Segmented LRU: blocks that served a hit are evicted after those that never did, though released
+    earlier. Plain LRU evicts the prefix here."""
+    bm = BlockManager(10, 4, protected_share=0.5)
+    prefix = list(range(8))  # 2 blocks
+    first, _ = admitted(bm, prefix + [500])
+    computed(bm, first)
+    second, hits = admitted(bm, prefix + [501])
+    assert len(hits) == 2
+    bm.release(first)
+    bm.release(second)  # the prefix's blocks are free now, having served a hit
+    for k in range(6):  # one-off prompts of 2 full blocks each, released after the prefix
+        one_off, _ = admitted(bm, range(1000 + 100 * k, 1009 + 100 * k))
+        computed(bm, one_off)
+        bm.release(one_off)
+    assert len(bm.cached_prefix(request(prefix + [502]))) == 2
+    bm.check_invariants()
+
+
+def test_protected_blocks_are_bounded_and_give_way_to_a_new_shared_working_set():
+    bm = BlockManager(8, 4, protected_share=0.25)  # at most 2 free protected blocks
+
+    def shared_twice(prefix):  # two requests on one 2-block prefix: the second hits it
+        a, _ = admitted(bm, prefix + [1])
+        computed(bm, a)
+        b, hits = admitted(bm, prefix + [2])
+        assert len(hits) == 2
+        bm.release(a)
+        bm.release(b)
+
+    old = [list(range(100 * t, 100 * t + 8)) for t in range(2)]
+    for prefix in old:
+        shared_twice(prefix)
+    assert len(bm.free.protected) == 2 and len(bm.free.probation) == 2, "the older tenant's blocks were demoted"
+    assert len(bm.cached_prefix(request(old[0] + [3]))) == 2, "demoted, not evicted"
+    for t in range(3):  # new tenants: their hits protect them, and the old tenants' blocks go
+        shared_twice(list(range(1000 + 100 * t, 1008 + 100 * t)))
+    assert all(bm.cached_prefix(request(p + [3])) == [] for p in old)
+    assert len(bm.free.protected) == 2
+    bm.check_invariants()
+
+
+def test_forgetting_a_free_cached_block_makes_it_the_next_taken():
+    bm = BlockManager(4, 4)
+    a, _ = admitted(bm, range(8))
+    computed(bm, a)
+    blocks = list(a.block_ids)
+    bm.release(a)
+    bm.forget(blocks[:1])
+    assert list(bm.free)[:3] == [2, 3, blocks[0]], "empty blocks first, the forgotten one among them"
     bm.check_invariants()

@@ -125,7 +125,7 @@ export class GuidedDemo {
     const fills = count * length > poolTokens;
     item = this.step("3 · Eviction and preemption.", `${count} new requests of ${length} tokens each ask for ` +
                      `${Math.round((100 * count * length) / poolTokens)}% of the pool. Free blocks go first, then ` +
-                     "cached ones, least recently used first (evicted); when none is left, the newest running " +
+                     "cached ones that served no hit, then those that did, least recently used first (evicted); when none is left, the newest running " +
                      "requests are preempted: their blocks go back, and they recompute when room returns." +
                      (fills ? "" : " (This server's pool is too large for the demo to fill it.)"));
     before = after;

@@ -1,6 +1,6 @@
 // The live map of the KV-cache block pool: one cell per block, fed by GET /kv/stream while the tab is
 // open (the server takes no snapshots when no one watches). Held blocks take their request's colour,
-// shared ones show how many requests hold them, cached ones fade with LRU age (the palest goes first),
+// shared ones show how many requests hold them, cached ones fade by eviction order (the palest goes first),
 // and a block hit by the prefix cache in the last second is outlined.
 import { $, authHeaders } from "./api.js";
 import { sseData } from "./sse.js";
@@ -100,7 +100,7 @@ export class KVMap {
         state = "cached";
         // the next to be evicted (rank 0) is palest
         opacity = (0.3 + (0.7 * (lruRank.get(b) + 1)) / s.cached_lru.length).toFixed(2);
-        title += `: cached, ${s.cached_lru.length - lruRank.get(b) - 1} cached blocks released after it`;
+        title += `: cached, ${s.cached_lru.length - lruRank.get(b) - 1} cached blocks evicted after it`;
       } else {
         title += ": free";
       }
