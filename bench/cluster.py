@@ -105,12 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vllm-prompts", default="16,32", help="overhead, --client vllm: prompts at c=1 and at c=8")
     ap.add_argument("--with-proxy", action="store_true",
                     help="overhead: also the cluster behind Ray Serve's HTTP proxy (--serve-proxy)")
+    ap.add_argument("--routers", default="kv,pow2,round-robin", help="routing: the policies compared")
+    ap.add_argument("--server-flags", default="", help="more flags for every server started (e.g. "
+                    "'--engine-niceness 0')")
     ap.add_argument("--name", default=None)
     args = ap.parse_args(argv)
     args.vllm_prompts = [int(n) for n in args.vllm_prompts.split(",")]
     from bench.common import RESULTS_DIR
     args.out_dir = Path(args.out) if args.out else RESULTS_DIR
-    ray_flags = ["--ray-num-cpus", "2", "--replica-cpus", "1", "--threads", "1"]
+    ray_flags = ["--ray-num-cpus", "2", "--replica-cpus", "1", "--threads", "1", *args.server_flags.split()]
     if args.which == "routing":
         prompts, note = load_prompts(args.num_requests, args.suffix_tokens, None, args.checkpoint, seed=0,
                                      shared_prefix_tokens=256, tenants=8)
@@ -121,12 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         config = LoadTestConfig(url="", concurrency=(args.concurrency,), num_requests=args.num_requests,
                                 max_new_tokens=32, request_timeout_s=300.0, timeout_s=3600.0)
         variants = {p: ("server.cluster", ["--replicas", "2", "--router", p, "--kv-cache-memory", args.kv_cache_memory,
-                                           *ray_flags]) for p in ("kv", "pow2", "round-robin")}
+                                           *ray_flags]) for p in args.routers.split(",")}
     else:
         prompts, note = load_prompts(64, 32, None, args.checkpoint, seed=0)
         config = LoadTestConfig(url="", concurrency=(1, 8), num_requests=args.num_requests,
                                 max_new_tokens=args.max_new_tokens, request_timeout_s=300.0, timeout_s=3600.0)
-        variants = {"direct": ("server", ["--threads", "1"]),
+        variants = {"direct": ("server", ["--threads", "1", *args.server_flags.split()]),
                     "ray": ("server.cluster", ["--replicas", "1", *ray_flags])}
         if args.with_proxy:
             variants["ray-proxy"] = ("server.cluster", ["--replicas", "1", "--serve-proxy", *ray_flags])
@@ -144,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                        if isinstance(rounds[0][i][key], (int, float))} | {"label": rounds[0][i]["label"]}
                       for i in range(len(rounds[0]))] for name, rounds in results.items()}
     write_result(args.name or f"cluster_{args.which}", {"benchmark": f"cluster {args.which}", "client": args.client,
+                                                         "server_flags": args.server_flags,
                                                          "checkpoint": str(args.checkpoint),
                                                          "machine": machine_info(), "prompts": note,
                                                          "rounds": results, "medians": medians}, args.out)

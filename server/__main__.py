@@ -84,6 +84,10 @@ def parser() -> argparse.ArgumentParser:
                      help="int8: quantize the weights of every product at load (exact kernels, AVX512-VNNI)")
     eng.add_argument("--threads", type=_at_least(int, 0), default=None,
                      help="CPU threads for the model (default: torch's, one per core)")
+    eng.add_argument("--engine-niceness", type=int, choices=range(20), default=defaults.engine_niceness,
+                     metavar="0..19", help="added to the nice value of the engine's compute threads, so that the "
+                     "threads streaming tokens run first when the cores are oversubscribed (Linux; default: 0 here, "
+                     "4 on the replicas of `python -m server.cluster`)")
     spec = ap.add_argument_group("speculative decoding (see 'Speculative decoding' in README.md)")
     spec.add_argument("--speculative", choices=["ngram"], default=defaults.speculative,
                       help="ngram: draft tokens by prompt lookup and verify them exactly (the output is unchanged); "
@@ -177,7 +181,7 @@ def engine_config_from(args: argparse.Namespace, threads: int | None = None) -> 
                         num_speculative_tokens=args.num_speculative_tokens, prompt_lookup_min=args.prompt_lookup_min,
                         prompt_lookup_max=args.prompt_lookup_max, ngram_history=args.ngram_history,
                         quantization=args.quantization,
-                        kv_cache_dtype=args.kv_cache_dtype)
+                        kv_cache_dtype=args.kv_cache_dtype, engine_niceness=args.engine_niceness)
 
 
 def limits_from(args: argparse.Namespace):

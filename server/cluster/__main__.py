@@ -19,6 +19,7 @@ from server.__main__ import EXIT_STARTUP, _at_least, check_args, engine_config_f
 from server.__main__ import parse_args as parse_server_args
 
 POLICIES = ("kv", "pow2", "round-robin")
+CLUSTER_ENGINE_NICENESS = 4  # Ray starts its workers at nice 15: the replicas' compute at 19 (BENCHMARKS.md 16)
 
 
 def cluster_parser() -> argparse.ArgumentParser:
@@ -42,6 +43,9 @@ def cluster_parser() -> argparse.ArgumentParser:
                     help="autoscaling: the ongoing requests per replica Serve aims for")
     ap.add_argument("--ray-num-cpus", type=_at_least(int, 0), default=None,
                     help="CPUs of the local Ray started when $RAY_ADDRESS is unset (default: all)")
+    ap.add_argument("--engine-niceness", type=int, choices=range(20), default=CLUSTER_ENGINE_NICENESS,
+                    metavar="0..19", help="added to each replica's engine-thread nice value: the ingress and the "
+                    "replicas' streaming threads run before the compute when they share cores (default: 4)")
     ap.add_argument("--serve-proxy", action="store_true",
                     help="local Ray: serve HTTP through Ray Serve's proxy, a second hop for every token, instead "
                          "of from the ingress replica itself (Serve's direct ingress, the default)")

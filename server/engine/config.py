@@ -25,6 +25,7 @@ class EngineConfig:
     ngram_history: int = 16  # n of the n-gram history shared by requests' drafts (0: each drafts from its own tokens)
     quantization: str | None = None  # None or 'int8': the products' weights (model.kernels.choose_backend)
     kv_cache_dtype: str | None = None  # None (the model's), 'float32' or 'bfloat16' (model.kv_cache.resolve_kv_cache_dtype)
+    engine_niceness: int = 0  # added to the engine thread's nice value (thread_priority.py); 0: unchanged
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -41,6 +42,8 @@ class EngineConfig:
             raise ValueError(f"ngram_history must be >= 0, got {self.ngram_history}")
         if self.target_step_ms is not None and not self.target_step_ms > 0:
             raise ValueError(f"target_step_ms must be > 0, got {self.target_step_ms}")
+        if not 0 <= self.engine_niceness <= 19:
+            raise ValueError(f"engine_niceness must be in 0..19, got {self.engine_niceness}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
 

@@ -1,0 +1,41 @@
+"""The engine thread's CPU priority: on an oversubscribed host, let the threads that stream tokens run first.
+
+The engine thread (and the kernels' worker threads it starts) is the one CPU-bound thread of a server;
+every other thread relays: the event loop that writes a token to its client, and in a cluster the
+ingress process that carries each token from a replica to the client. When the cores are all busy (two
+replicas and their ingress on two cores, say), the relays wait behind the engine's compute for a
+time slice, and each token's latency grows by that wait. Raising the engine thread's nice value by
+`niceness` makes the kernel's scheduler run the relays first; the work the engine does is the same.
+Linux sets nice values per thread (a thread id is a PRIO_PROCESS target there); elsewhere this is a
+no-op.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+
+log = logging.getLogger("kvserve.engine")
+
+MAX_NICE = 19
+
+
+def lower_this_thread(niceness: int) -> int | None:
+    """Adds `niceness` (>= 0) to the calling thread's nice value, capped at 19. Returns the new value, or
+    None where threads cannot be set apart (not Linux) or the change was refused."""
+    if niceness <= 0 or sys.platform != "linux":
+        return None
+    tid = threading.get_native_id()
+    try:
+        target = min(MAX_NICE, os.getpriority(os.PRIO_PROCESS, tid) + niceness)
+        os.setpriority(os.PRIO_PROCESS, tid, target)
+    except OSError as e:
+        log.warning("could not lower the engine thread's priority: %s", e)
+        return None
+    return target
+
+
+def thread_nice(tid: int) -> int:
+    """A thread's nice value (Linux)."""
+    return os.getpriority(os.PRIO_PROCESS, tid)
