@@ -6,17 +6,19 @@ the Ray Serve ingress and the routing simulator (`bench/routing_sim.py`) run the
 - The router computes a prompt's block keys with the block manager's own hash chain
   (`extend_block_keys`), and between reports remembers what it sent where: the keys of a request it
   routed count as held by that replica for `pending_ttl` seconds, until a report confirms them.
-- `kv`: the replica holding the longest prefix of the prompt, ties to the least loaded (a prompt none
-  holds goes to the least loaded, then to the one caching least, so tenants spread); when that
+- `kv`: the replica holding the longest prefix of the prompt, ties to the least loaded; when that
   replica's load exceeds the least loaded one's by more than `imbalance_threshold` requests, the least
-  loaded instead (a fallback). `pow2`: the less loaded of two drawn at random. `round-robin`: in turn.
+  loaded instead (a fallback). A prompt none holds starts a new prefix: it goes, among the replicas
+  within the threshold of the least loaded, to the one sent the fewest requests in the last
+  `pending_ttl` seconds, so that tenants spread over the caches by their traffic, not by the load of
+  the moment their first request came. `pow2`: the less loaded of two drawn at random. `round-robin`: in turn.
 """
 from __future__ import annotations
 
 import dataclasses
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -76,6 +78,7 @@ class ReplicaState:
         self.replica_id = replica_id
         self.held: set[int] = set()  # keys of the last report
         self.pending: dict[int, float] = {}  # key -> when a request carrying it was routed here
+        self.recent: deque[float] = deque()  # when each request of the last pending_ttl seconds was routed here
         self.running = self.waiting = self.free_blocks = self.num_blocks = 0
         self.inflight = 0  # requests this router sent here that have not finished
         self.last_report: ReplicaReport | None = None
@@ -110,10 +113,17 @@ class ReplicaState:
         for key in keys:
             if key not in self.held:
                 self.pending[key] = now
+        self.recent.append(now)
 
     def expire(self, now: float, ttl: float) -> None:
         if self.pending:
             self.pending = {k: t for k, t in self.pending.items() if now - t <= ttl}
+
+    def recent_requests(self, now: float, ttl: float) -> int:
+        """Requests routed here in the last `ttl` seconds."""
+        while self.recent and now - self.recent[0] > ttl:
+            self.recent.popleft()
+        return len(self.recent)
 
 
 class Router:
@@ -196,12 +206,12 @@ class Router:
         self._expire(now)
 
     def _choose_kv(self, candidates: list[ReplicaState], keys: list[int], now: float) -> tuple[ReplicaState, str]:
-        # among the least loaded, the one believed to cache least: new prefixes spread over the replicas
-        least = min(candidates, key=lambda s: (s.load, len(s.held) + len(s.pending)))
+        least = min(candidates, key=lambda s: s.load)
         scored = [(s.matched(keys, now, self.pending_ttl), s) for s in candidates]
         best_match = max(m for m, _ in scored)
-        if best_match == 0:
-            return least, "miss"
+        if best_match == 0:  # a new prefix: where the fewest requests went lately, among those not too loaded
+            within = [s for s in candidates if s.load - least.load <= self.imbalance_threshold]
+            return min(within, key=lambda s: (s.recent_requests(now, self.pending_ttl), s.load)), "miss"
         best = min((s for m, s in scored if m == best_match), key=lambda s: (s.load, -s.free_blocks))
         if best.load - least.load > self.imbalance_threshold:
             return least, "fallback"

@@ -75,6 +75,21 @@ def test_kv_prefers_the_least_loaded_replica_once_the_imbalance_passes_the_thres
     assert router.decisions[("kv", "fallback")] == 1 and router.decisions[("kv", "hit")] == 1
 
 
+def test_a_new_prefix_goes_where_the_fewest_requests_went_lately_unless_that_replica_is_too_loaded():
+    router = _router("kv", n=2, imbalance_threshold=2)
+    for i in range(3):  # tenant 1: three requests, all to one replica
+        a = router.choose(_prompt(1, i)).replica_id
+        router.finished(a)
+    b = router.choose(_prompt(2, 0)).replica_id  # tenant 2: a miss, to the other one
+    router.finished(b)
+    assert a != b
+    # both replicas idle, both believed to hold one prefix of 4 blocks: the one sent 1 request, not 3
+    assert (router.choose(_prompt(3, 0)).replica_id, router.decisions[("kv", "miss")]) == (b, 3)
+    router.finished(b)
+    router.report(_report(b, running=3))  # past the threshold over the other: load wins
+    assert router.choose(_prompt(4, 0)).replica_id == a
+
+
 def test_round_robin_takes_replicas_in_turn_whatever_they_cache():
     router = _router("round-robin", n=3)
     assert [router.choose(_prompt(1, i)).replica_id for i in range(6)] == ["r0", "r1", "r2"] * 2
