@@ -9,16 +9,19 @@ the Ray Serve ingress and the routing simulator (`bench/routing_sim.py`) run the
 - `kv`: the replica holding the longest prefix of the prompt, ties to the least loaded; when that
   replica's load exceeds the least loaded one's by more than `imbalance_threshold` requests, the least
   loaded instead (a fallback). A prompt none holds starts a new prefix: it goes, among the replicas
-  within the threshold of the least loaded, to the one sent the fewest requests in the last
-  `pending_ttl` seconds, so that tenants spread over the caches by their traffic, not by the load of
-  the moment their first request came. `pow2`: the less loaded of two drawn at random. `round-robin`: in turn.
+  within the threshold of the least loaded, to the one with the smallest recent working set (the
+  distinct block keys routed to it lately, expired with the pending ones; a replica's reported cache is
+  always full once it has run a while, so it says nothing), then the least loaded: tenants spread
+  over the caches by the room their prefixes take, as SGLang's cache-aware policy sends a request that
+  matches little to the worker with the smallest prefix tree. `pow2`: the less loaded of two drawn at
+  random. `round-robin`: in turn.
 """
 from __future__ import annotations
 
 import dataclasses
 import random
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -78,7 +81,7 @@ class ReplicaState:
         self.replica_id = replica_id
         self.held: set[int] = set()  # keys of the last report
         self.pending: dict[int, float] = {}  # key -> when a request carrying it was routed here
-        self.recent: deque[float] = deque()  # when each request of the last pending_ttl seconds was routed here
+        self.routed_keys: dict[int, float] = {}  # block key -> when a request carrying it was last routed here
         self.running = self.waiting = self.free_blocks = self.num_blocks = 0
         self.inflight = 0  # requests this router sent here that have not finished
         self.last_report: ReplicaReport | None = None
@@ -113,17 +116,13 @@ class ReplicaState:
         for key in keys:
             if key not in self.held:
                 self.pending[key] = now
-        self.recent.append(now)
+            self.routed_keys[key] = now
 
     def expire(self, now: float, ttl: float) -> None:
         if self.pending:
             self.pending = {k: t for k, t in self.pending.items() if now - t <= ttl}
-
-    def recent_requests(self, now: float, ttl: float) -> int:
-        """Requests routed here in the last `ttl` seconds."""
-        while self.recent and now - self.recent[0] > ttl:
-            self.recent.popleft()
-        return len(self.recent)
+        if self.routed_keys:
+            self.routed_keys = {k: t for k, t in self.routed_keys.items() if now - t <= ttl}
 
 
 class Router:
@@ -158,7 +157,7 @@ class Router:
         """A replica restarted: whatever it cached is gone."""
         state = self.replicas.get(replica_id)
         if state is not None:
-            state.held, state.pending = set(), {}
+            state.held, state.pending, state.routed_keys = set(), {}, {}
 
     # ---- routing ----------------------------------------------------------------------------------
 
@@ -209,9 +208,9 @@ class Router:
         least = min(candidates, key=lambda s: s.load)
         scored = [(s.matched(keys, now, self.pending_ttl), s) for s in candidates]
         best_match = max(m for m, _ in scored)
-        if best_match == 0:  # a new prefix: where the fewest requests went lately, among those not too loaded
+        if best_match == 0:  # a new prefix: where the least went lately, among those not too loaded
             within = [s for s in candidates if s.load - least.load <= self.imbalance_threshold]
-            return min(within, key=lambda s: (s.recent_requests(now, self.pending_ttl), s.load)), "miss"
+            return min(within, key=lambda s: (len(s.routed_keys), s.load)), "miss"
         best = min((s for m, s in scored if m == best_match), key=lambda s: (s.load, -s.free_blocks))
         if best.load - least.load > self.imbalance_threshold:
             return least, "fallback"

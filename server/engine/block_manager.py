@@ -111,14 +111,17 @@ class BlockManager:
         return len(self.free) - reusable_free >= self.blocks_for(req.num_tokens) - len(hits)
 
     def admit(self, req: Request, hits: list[int]) -> None:
-        """Gives the request its prefix hits and fresh blocks for the rest of its tokens (can_admit first)."""
+        """Gives the request its prefix hits and fresh blocks for the rest of its tokens (can_admit first).
+        Its hits protect their blocks from eviction (free_blocks.py), unless they are its own: a preempted
+        request coming back, or a copy (n > 1) reading the prompt its first copy computed."""
         assert not req.block_ids, f"{req} already holds blocks"
+        shared = req.stats.preemptions == 0 and req.wait_for is None
         for block in hits:
             if self.ref_counts[block] == 0:
                 self.free.remove(block)
             self.ref_counts[block] += 1
             self.hit_counts[block] += 1
-            self.reused[block] = True
+            self.reused[block] = self.reused[block] or shared
         req.block_ids = list(hits) + self._allocate(self.blocks_for(req.num_tokens) - len(hits))
         req.num_computed = len(hits) * self.block_size
         req.registered_blocks = len(hits)
@@ -169,9 +172,20 @@ class BlockManager:
         return blocks
 
     def check_invariants(self) -> None:
-        """For tests: every block is held or free, never both; cached keys point at blocks with that key."""
+        """For tests: every block is held or free, never both, and free in one queue, the one its cache
+        entry calls for; cached keys point at blocks with that key."""
+        free = self.free
+        queues = [set(free.empty), set(free.probation), set(free.protected)]
+        assert sum(map(len, queues)) == len(set().union(*queues)), "a block sits in two free queues"
+        assert len(free.protected) <= free.protected_limit, f"{len(free.protected)} protected blocks"
         for block, refs in enumerate(self.ref_counts):
             assert refs >= 0, f"block {block} has {refs} references"
-            assert (refs == 0) == (block in self.free), f"block {block}: {refs} references, free={block in self.free}"
+            assert (refs == 0) == (block in free), f"block {block}: {refs} references, free={block in free}"
+            cached = self.block_hash[block] is not None
+            assert cached or not self.reused[block], f"block {block} is marked reused but caches nothing"
+            assert block not in queues[0] or not cached, f"empty block {block} caches {self.block_hash[block]}"
+            assert block not in queues[1] or cached, f"block {block} is in probation but caches nothing"
+            assert block not in queues[2] or self.reused[block], f"block {block} is protected but never reused"
+            assert not cached or self.cached.get(self.block_hash[block]) == block, f"block {block}'s key is not cached"
         for key, block in self.cached.items():
             assert self.block_hash[block] == key, f"block {block} is cached under {key} but keyed {self.block_hash[block]}"

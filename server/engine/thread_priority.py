@@ -7,7 +7,10 @@ replicas and their ingress on two cores, say), the relays wait behind the engine
 time slice, and each token's latency grows by that wait. Raising the engine thread's nice value by
 `niceness` makes the kernel's scheduler run the relays first; the work the engine does is the same.
 Linux sets nice values per thread (a thread id is a PRIO_PROCESS target there); elsewhere this is a
-no-op.
+no-op. Limits: the step's Python parts hold the GIL, so a relay thread of the same process still waits
+for them (the gain is in the kernels' time, which releases it); nice values rank threads within one
+scheduling group (a container, an autogroup); and the kernels' pool is one per process, so a second
+engine made in the same process (tests) starts its workers again at its own thread's priority.
 """
 from __future__ import annotations
 

@@ -184,3 +184,23 @@ def test_forgetting_a_free_cached_block_makes_it_the_next_taken():
     bm.forget(blocks[:1])
     assert list(bm.free)[:3] == [2, 3, blocks[0]], "empty blocks first, the forgotten one among them"
     bm.check_invariants()
+
+
+def test_a_request_hitting_its_own_blocks_after_preemption_does_not_protect_them():
+    bm = BlockManager(8, 4)
+    a, _ = admitted(bm, range(9))
+    computed(bm, a)
+    own = list(a.block_ids[:2])
+    bm.release(a)  # preempted: the scheduler counts it, then admits it again on its own cached blocks
+    a.stats.preemptions += 1
+    hits = bm.cached_prefix(a)
+    bm.admit(a, hits)
+    assert hits == own
+    computed(bm, a)
+    bm.release(a)
+    assert not set(own) & set(bm.free.protected), "a one-off request's blocks must stay evictable first"
+    b, hits = admitted(bm, list(range(8)) + [77])  # another request: a real reuse
+    assert hits == own
+    bm.release(b)
+    assert set(own) <= set(bm.free.protected)
+    bm.check_invariants()

@@ -75,19 +75,25 @@ def test_kv_prefers_the_least_loaded_replica_once_the_imbalance_passes_the_thres
     assert router.decisions[("kv", "fallback")] == 1 and router.decisions[("kv", "hit")] == 1
 
 
-def test_a_new_prefix_goes_where_the_fewest_requests_went_lately_unless_that_replica_is_too_loaded():
+def test_a_new_prefix_goes_where_the_smallest_working_set_was_routed_unless_that_replica_is_too_loaded():
     router = _router("kv", n=2, imbalance_threshold=2)
-    for i in range(3):  # tenant 1: three requests, all to one replica
-        a = router.choose(_prompt(1, i)).replica_id
-        router.finished(a)
-    b = router.choose(_prompt(2, 0)).replica_id  # tenant 2: a miss, to the other one
-    router.finished(b)
-    assert a != b
-    # both replicas idle, both believed to hold one prefix of 4 blocks: the one sent 1 request, not 3
-    assert (router.choose(_prompt(3, 0)).replica_id, router.decisions[("kv", "miss")]) == (b, 3)
-    router.finished(b)
-    router.report(_report(b, running=3))  # past the threshold over the other: load wins
-    assert router.choose(_prompt(4, 0)).replica_id == a
+    placed = {}
+    for tenant in (1, 2, 3):  # new prefixes alternate: 4 blocks to one, 4 to the other, then a tie
+        placed[tenant] = router.choose(_prompt(tenant, 0)).replica_id
+        router.finished(placed[tenant])
+    busy, quiet = placed[1], placed[2]
+    assert busy != quiet and placed[3] == busy
+    for suffix in (1, 2):  # more traffic to the quiet one, on the prefix it has: its working set stays 4 blocks
+        assert router.choose(_prompt(2, suffix)).replica_id == quiet
+        router.finished(quiet)
+    # reports: the busy replica's cache holds its 8 blocks; the quiet one's is full of older blocks
+    router.report(_report(busy, router.block_keys(_prompt(1, 0)) + router.block_keys(_prompt(3, 0))))
+    router.report(_report(quiet, range(10**6, 10**6 + 60)))
+    d = router.choose(_prompt(4, 0))  # routed lately: 8 blocks in 2 requests to busy, 4 in 3 to quiet
+    assert (d.replica_id, d.outcome) == (quiet, "miss")
+    router.finished(quiet)
+    router.report(_report(quiet, range(10**6, 10**6 + 60), running=3))  # past the threshold: load wins
+    assert router.choose(_prompt(5, 0)).replica_id == busy
 
 
 def test_round_robin_takes_replicas_in_turn_whatever_they_cache():

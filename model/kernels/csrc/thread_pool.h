@@ -42,7 +42,8 @@ class ThreadPool {
   template <typename Fn> void run(int64_t n, Fn&& fn) {
     if (n <= 0) return;
     std::unique_lock<std::mutex> guard(job_mutex_, std::try_to_lock);
-    if (n == 1 || workers_.empty() || !guard.owns_lock() || n > kMaxTasks) {
+    // the lock first: set_num_threads (another thread) replaces workers_ while it holds it
+    if (!guard.owns_lock() || n == 1 || workers_.empty() || n > kMaxTasks) {
       for (int64_t t = 0; t < n; ++t) fn(t);
       return;
     }
