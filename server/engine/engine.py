@@ -34,7 +34,7 @@ from server.engine.block_manager import BlockManager
 from server.engine.config import EngineConfig, EngineInfo
 from server.engine.kernel_spin import KernelSpin
 from server.engine.model_runner import ModelRunner, StepResult
-from server.engine.thread_priority import lower_this_thread
+from server.engine.thread_priority import lower_compute_threads
 from server.engine.one_by_one import execute_one_by_one
 from server.engine.output_processor import OutputProcessor
 from server.engine.request import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, Request, Sink, TokenOutput
@@ -290,8 +290,7 @@ class Engine:
             torch.set_num_threads(1)
         elif self.config.threads:
             torch.set_num_threads(self.config.threads)
-        if lower_this_thread(self.config.engine_niceness) is not None:
-            kernels.set_num_threads(self.threads)  # the kernels' workers, started again from here, inherit it
+        lower_compute_threads(self.config.engine_niceness, self.threads)
         while True:
             with self._wakeup:
                 while not self._stopping and not self.scheduler.has_work() and not self._calls:

@@ -19,6 +19,8 @@ import os
 import sys
 import threading
 
+from model import kernels
+
 log = logging.getLogger("kvserve.engine")
 
 MAX_NICE = 19
@@ -37,6 +39,13 @@ def lower_this_thread(niceness: int) -> int | None:
         log.warning("could not lower the engine thread's priority: %s", e)
         return None
     return target
+
+
+def lower_compute_threads(niceness: int, threads: int) -> None:
+    """Lowers the calling thread (the engine's) by `niceness`, then starts the kernels' `threads` workers
+    again from it, so that they inherit its nice value."""
+    if lower_this_thread(niceness) is not None:
+        kernels.set_num_threads(threads)
 
 
 def thread_nice(tid: int) -> int:
