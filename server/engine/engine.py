@@ -34,7 +34,7 @@ from server.engine.block_manager import BlockManager
 from server.engine.config import EngineConfig, EngineInfo
 from server.engine.kernel_spin import KernelSpin
 from server.engine.model_runner import ModelRunner, StepResult
-from server.engine.thread_priority import lower_compute_threads
+from server.engine.thread_priority import set_up_compute_threads
 from server.engine.one_by_one import execute_one_by_one
 from server.engine.output_processor import OutputProcessor
 from server.engine.request import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, Request, Sink, TokenOutput
@@ -283,14 +283,8 @@ class Engine:
             yield
 
     def _run(self) -> None:
-        # torch's thread count is process-wide. With the exact kernels, torch's few remaining ops (the
-        # sampler's) run on one thread, so that its OpenMP workers never spin on the cores the kernels'
-        # own threads need (BENCHMARKS.md: a batch-32 step took twice as long with both pools).
-        if self.model.kernels == "exact":
-            torch.set_num_threads(1)
-        elif self.config.threads:
-            torch.set_num_threads(self.config.threads)
-        lower_compute_threads(self.config.engine_niceness, self.threads)
+        set_up_compute_threads(self.model.kernels == "exact", self.config.threads, self.config.engine_niceness,
+                               self.threads)
         while True:
             with self._wakeup:
                 while not self._stopping and not self.scheduler.has_work() and not self._calls:

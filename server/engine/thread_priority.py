@@ -1,4 +1,5 @@
-"""The engine thread's CPU priority: on an oversubscribed host, let the threads that stream tokens run first.
+"""The engine thread's CPU set-up: torch's thread count, and a priority that lets the threads that stream
+tokens run first on an oversubscribed host.
 
 The engine thread (and the kernels' worker threads it starts) is the one CPU-bound thread of a server;
 every other thread relays: the event loop that writes a token to its client, and in a cluster the
@@ -18,6 +19,8 @@ import logging
 import os
 import sys
 import threading
+
+import torch
 
 from model import kernels
 
@@ -41,9 +44,16 @@ def lower_this_thread(niceness: int) -> int | None:
     return target
 
 
-def lower_compute_threads(niceness: int, threads: int) -> None:
-    """Lowers the calling thread (the engine's) by `niceness`, then starts the kernels' `threads` workers
-    again from it, so that they inherit its nice value."""
+def set_up_compute_threads(exact_kernels: bool, torch_threads: int | None, niceness: int, threads: int) -> None:
+    """Called first on the engine thread. torch's thread count is process-wide: with the exact kernels,
+    torch's few remaining ops (the sampler's) run on one thread, so that its OpenMP workers never spin on
+    the cores the kernels' own threads need (BENCHMARKS.md: a batch-32 step took twice as long with both
+    pools); else `torch_threads` when set. Then lowers this thread by `niceness` and starts the kernels'
+    `threads` workers again from it, so that they inherit its nice value."""
+    if exact_kernels:
+        torch.set_num_threads(1)
+    elif torch_threads:
+        torch.set_num_threads(torch_threads)
     if lower_this_thread(niceness) is not None:
         kernels.set_num_threads(threads)
 

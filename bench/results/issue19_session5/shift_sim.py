@@ -1,5 +1,5 @@
 import sys, random, statistics, os, functools
-sys.path.insert(0, "/work/main")
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3]))  # the repository
 from bench.routing_sim import Trace, simulate, CostModel
 import bench.routing_sim as rs
 from server.engine.block_manager import BlockManager

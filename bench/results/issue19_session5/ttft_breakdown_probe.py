@@ -1,10 +1,10 @@
 """c=4 closed loop against a 2-replica cluster (or direct server): client TTFT vs the engine's, hits vs misses."""
 import sys, time, json, statistics, asyncio, httpx
-sys.path.insert(0, "/work/main")
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3]))  # the repository
 from pathlib import Path
 from bench.serving import running_server
 from loadtest.prompts import load_prompts
-CK = "/work/main/checkpoints/shakespeare-small"
+CK = "checkpoints/shakespeare-small"  # run from the repository root
 import os
 prompts, note = load_prompts(int(os.environ.get("N", "128")), 8, None, CK, seed=0, shared_prefix_tokens=256, tenants=8)
 router = sys.argv[1]
@@ -34,7 +34,7 @@ if router == "direct":
 else:
     module, flags = "server.cluster", ["--replicas", "2", "--router", router, "--kv-cache-memory", "10MiB",
                                        "--ray-num-cpus", "2", "--replica-cpus", "1", "--threads", "1", *extra]
-with running_server(CK, "cpu", "float32", Path(f"/tmp/probe/c4_{router}.log"), flags, module=module) as url:
+with running_server(CK, "cpu", "float32", Path(__import__("tempfile").gettempdir()) / f"c4_{router}.log", flags, module=module) as url:
     asyncio.run(main(url))
 hits = [r for r in REC[1:] if r[0] > 0]; miss = [r for r in REC[1:] if r[0] == 0]
 for name, rs in (("all", REC[1:]), ("hit", hits), ("miss", miss)):
