@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-cache-memory", default="12MiB", help="routing: per replica (96 blocks of 16 tokens)")
     ap.add_argument("--suffix-tokens", type=int, default=8, help="routing: each prompt's own tokens after its prefix")
     ap.add_argument("--concurrency", type=int, default=4, help="routing: closed-loop clients")
+    ap.add_argument("--request-rate", type=float, default=None,
+                    help="routing: an open loop instead, Poisson arrivals at this many requests/s (every policy "
+                         "then serves the same tokens/s while it keeps up)")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="overhead: per request")
     ap.add_argument("--client", choices=["loadtest", "vllm"], default="loadtest",
                     help="overhead: our load-test tool or `vllm bench serve`")
@@ -122,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"workload: {len(prompts)} prompts, {note.get('tokens_mean', 0):.0f} tokens on average; "
               f"hit-rate ceiling {ceiling:.3f}", flush=True)
         config = LoadTestConfig(url="", concurrency=(args.concurrency,), num_requests=args.num_requests,
-                                max_new_tokens=32, request_timeout_s=300.0, timeout_s=3600.0)
+                                request_rates=(args.request_rate,) if args.request_rate else (), max_new_tokens=32,
+                                request_timeout_s=300.0, timeout_s=3600.0)
         variants = {p: ("server.cluster", ["--replicas", "2", "--router", p, "--kv-cache-memory", args.kv_cache_memory,
                                            *ray_flags]) for p in args.routers.split(",")}
     else:

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import httpx
+import aiohttp
 
 from loadtest.prompts import load_prompts
 from loadtest.report import RequestRecord, cache_ratio, summarize
@@ -91,21 +91,22 @@ def _error_from_body(record: RequestRecord, status: int, raw: bytes) -> None:
     record.error_type = payload.get("error_type") or f"http_{status}"
 
 
-async def stream_one(client: httpx.AsyncClient, url: str, prompt: str, params: RequestParams,
+async def stream_one(client: aiohttp.ClientSession, url: str, prompt: str, params: RequestParams,
                      record: RequestRecord) -> RequestRecord:
     """Sends one request and fills `record` as events arrive (so a cancelled request keeps its partial record)."""
     seen_indices: set[int] = set()
     try:
-        async with client.stream("POST", f"{url}/generate_stream", json=params.body(prompt)) as response:
-            record.status = response.status_code
-            if response.status_code != 200:
-                _error_from_body(record, response.status_code, await response.aread())
+        async with client.post(f"{url}/generate_stream", json=params.body(prompt)) as response:
+            record.status = response.status
+            if response.status != 200:
+                _error_from_body(record, response.status, await response.read())
                 return record
-            async for line in response.aiter_lines():
-                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+            async for line in response.content:  # one line at a time, its newline included
+                payload = line[5:].strip()
+                if not line.startswith(b"data:") or payload == b"[DONE]":
                     continue
                 now = time.perf_counter()
-                event = json.loads(line[5:])
+                event = json.loads(payload)
                 if event.get("error") is not None:
                     record.error, record.error_type = str(event["error"]), event.get("error_type") or "stream_error"
                     return record
@@ -125,16 +126,20 @@ async def stream_one(client: httpx.AsyncClient, url: str, prompt: str, params: R
                     record.accepted_draft_tokens = details.get("accepted_draft_tokens")
                     return record
         record.error, record.error_type = "the stream ended without a final event", "truncated_stream"
-    except httpx.HTTPError as e:
+    except (aiohttp.ClientError, TimeoutError) as e:
         record.error, record.error_type = f"{type(e).__name__}: {e}"[:500], type(e).__name__
     except ValueError as e:
         record.error, record.error_type = f"unparseable event: {e}"[:500], "bad_event"
     return record
 
 
-def make_client(request_timeout: float) -> httpx.AsyncClient:
-    return httpx.AsyncClient(timeout=httpx.Timeout(request_timeout, connect=10.0), trust_env=False,
-                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+def make_client(request_timeout: float) -> aiohttp.ClientSession:
+    """aiohttp rather than httpx: its C parser and line reader take about half the CPU per streamed token
+    (BENCHMARKS.md, section 17), which matters when the tool shares the server's cores. Proxy variables
+    are ignored (aiohttp reads them only with trust_env=True)."""
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0,
+                                                               sock_read=request_timeout),
+                                 connector=aiohttp.TCPConnector(limit=0), read_bufsize=1 << 20)
 
 
 # ---------------------------------------------------------------- one run: closed or open loop

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 
 PREFIX = "kvserve:"
 
@@ -41,12 +41,15 @@ def parse_steps(text: str) -> StepScrape | None:
         return None
 
 
-async def scrape_steps(client: httpx.AsyncClient, url: str) -> StepScrape | None:
+async def scrape_steps(client: aiohttp.ClientSession, url: str) -> StepScrape | None:
     try:
-        response = await client.get(f"{url}/metrics")
-    except httpx.HTTPError:
+        async with client.get(f"{url}/metrics") as response:
+            if response.status != 200:
+                return None
+            text = await response.text()
+    except (aiohttp.ClientError, TimeoutError):
         return None
-    return parse_steps(response.text) if response.status_code == 200 else None
+    return parse_steps(text)
 
 
 def steps_between(before: StepScrape | None, after: StepScrape | None) -> dict:

@@ -33,9 +33,13 @@ def error_event(out: TokenOutput, openai: bool = False) -> str:
 
 def sse_response(events: AsyncIterator[str], on_close: Callable[[], None]) -> StreamingResponse:
     """`on_close` (the Generation's cancel) runs once the response is over, also when the client left
-    before its first event (then `events` never started, so its own cleanup never runs)."""
+    before its first event (then `events` never started, so its own cleanup never runs). It runs on the
+    event loop: Starlette hands a plain function to a worker thread, a thread hop per response, and the
+    cluster's engine client cancels asyncio tasks, which only the loop's thread may do."""
+    async def close() -> None:
+        on_close()
     return StreamingResponse(guarded(events), media_type="text/event-stream", headers=SSE_HEADERS,
-                             background=BackgroundTask(on_close))
+                             background=BackgroundTask(close))
 
 
 async def guarded(events: AsyncIterator[str], error_type: str = "generation") -> AsyncIterator[str]:

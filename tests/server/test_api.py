@@ -218,3 +218,35 @@ def test_sampling_without_a_seed_reports_the_one_it_drew(live):
     assert isinstance(seed, int)
     assert generate(live, "To be", max_new_tokens=5, do_sample=True, seed=seed)["generated_text"] == out["generated_text"]
     assert generate(live, "To be", max_new_tokens=5, details=True)["details"]["seed"] is None
+
+
+def test_a_streamed_response_closes_its_generation_on_the_event_loop_thread():
+    """The Generation's cancel runs where its asyncio objects live (the cluster's client cancels tasks),
+    not in a worker thread of Starlette's pool."""
+    import asyncio
+    import threading
+
+    from server.api.sse import sse_response
+
+    closed_on = []
+
+    async def events():
+        yield "data: 1\n\n"
+
+    async def respond() -> list[dict]:
+        sent = []
+
+        async def receive() -> dict:
+            await asyncio.sleep(3600)  # the client never leaves
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+        response = sse_response(events(), lambda: closed_on.append(threading.current_thread()))
+        await response({"type": "http", "method": "GET", "path": "/", "headers": [],
+                        "asgi": {"version": "3.0", "spec_version": "2.4"}}, receive, send)
+        return sent
+
+    sent = asyncio.run(respond())
+    assert [m.get("body") for m in sent[1:]] == [b"data: 1\n\n", b""]
+    assert closed_on == [threading.current_thread()]

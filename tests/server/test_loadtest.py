@@ -201,6 +201,23 @@ def test_command_line_writes_json_report(server_url, tiny_checkpoint, tmp_path):
     assert report["prompts"]["tokens_max"] == 6
 
 
+def test_a_refused_request_is_recorded_with_the_servers_status_and_error(server_url):
+    import asyncio
+    import time
+
+    from loadtest.client import make_client, stream_one
+
+    async def send(params: RequestParams) -> RequestRecord:
+        async with make_client(30) as client:
+            return await stream_one(client, server_url, "Hello there", params, RequestRecord(start=time.perf_counter()))
+
+    refused = asyncio.run(send(RequestParams(max_new_tokens=10**6)))  # past the context: 422 before any event
+    assert (refused.status, refused.ok, refused.token_times) == (422, False, [])
+    assert refused.error_type == "validation" and "max_new_tokens" in refused.error, refused.error
+    served = asyncio.run(send(RequestParams(max_new_tokens=3)))
+    assert (served.status, served.ok, len(served.token_times), served.server_generated_tokens) == (200, True, 3, 3)
+
+
 def test_unreachable_server_is_reported_not_retried(tiny_checkpoint):
     import socket
 
