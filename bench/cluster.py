@@ -5,7 +5,9 @@
   prefixes; `--router kv`, `pow2` and `round-robin` in turns: prefix-cache hit rate beside the
   workload's ceiling, TTFT and tokens/s. The ceiling is the hit rate of one cache that never evicts:
   every full block of a prompt but the one holding its last token, if an earlier prompt (the load
-  tester's probe included) had the same blocks before it.
+  tester's probe included) had the same blocks before it. 4 clients in a closed loop, or `--request-rate R`
+  (Poisson arrivals: every policy serves the same tokens/s while it keeps up). Each run also reports the
+  TTFT p50 of the requests that hit the cache and of those that missed.
 - `overhead`: 1 replica through `python -m server.cluster` against `python -m server` directly, at
   concurrency 1 and 8, in turns: tokens/s and the p50 inter-token latency the Ray path adds
   (`--with-proxy` adds the cluster behind Ray Serve's HTTP proxy, `--serve-proxy`, as a third variant).
@@ -33,11 +35,19 @@ from loadtest.prompts import load_prompts
 
 
 def _summary(run: dict) -> dict:
+    """One run's figures; with the TTFT p50 of the requests that hit the prefix cache and of those that
+    missed it (-1 where there were none), since a policy's median request is a hit once over half hit."""
+    ok = [r for r in run.get("requests", []) if r["ok"] and r["cached_tokens"] is not None]
+    hits = [1000 * r["ttft_s"] for r in ok if r["cached_tokens"] > 0]
+    misses = [1000 * r["ttft_s"] for r in ok if r["cached_tokens"] == 0]
     return {"label": run["label"], "ok": run["requests_ok"], "failed": run["requests_failed"],
             "hit_rate": run["prefix_cache_hit_rate"], "tokens_per_s": run["output_tokens_per_s"],
             "ttft_p50_ms": 1000 * run["ttft_s"]["p50"], "ttft_p99_ms": 1000 * run["ttft_s"]["p99"],
             "ttft_mean_ms": 1000 * run["ttft_s"]["mean"], "ttft_p90_ms": 1000 * run["ttft_s"]["p90"],
-            "itl_p50_ms": 1000 * run["itl_s"]["p50"], "itl_p99_ms": 1000 * run["itl_s"]["p99"]}
+            "itl_p50_ms": 1000 * run["itl_s"]["p50"], "itl_p99_ms": 1000 * run["itl_s"]["p99"],
+            "requests_hitting": len(hits) / len(ok) if ok else 0.0,
+            "ttft_hit_p50_ms": statistics.median(hits) if hits else -1.0,
+            "ttft_miss_p50_ms": statistics.median(misses) if misses else -1.0}
 
 
 def hit_rate_ceiling(prompts: list[str], tokenizer_dir: str, block_size: int = 16) -> float:
@@ -88,7 +98,7 @@ def _vllm_bench(args, url: str, concurrency: int, prompts: int, name: str) -> di
     return {"label": f"c={concurrency}", "ok": d["completed"], "failed": d["num_prompts"] - d["completed"],
             "hit_rate": 0.0, "tokens_per_s": d["output_throughput"], "ttft_p50_ms": d["median_ttft_ms"],
             "ttft_p99_ms": d["p99_ttft_ms"], "ttft_mean_ms": d["mean_ttft_ms"], "itl_p50_ms": d["median_itl_ms"],
-            "itl_p99_ms": d["p99_itl_ms"]}
+            "itl_p99_ms": d["p99_itl_ms"], "requests_hitting": 0.0, "ttft_hit_p50_ms": -1.0, "ttft_miss_p50_ms": -1.0}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
             results[name].append([r | {"load_1min": load} for r in runs])
             for r in runs:
                 print(f"round {rnd} {name} {r['label']}: hit {r['hit_rate']:.3f}  {r['tokens_per_s']:.0f} tok/s  "
-                      f"TTFT p50 {r['ttft_p50_ms']:.1f} mean {r['ttft_mean_ms']:.1f} ms  "
+                      f"TTFT p50 {r['ttft_p50_ms']:.1f} mean {r['ttft_mean_ms']:.1f} ms (p50 of the "
+                      f"{r['requests_hitting']:.0%} hitting {r['ttft_hit_p50_ms']:.1f}, of the rest "
+                      f"{r['ttft_miss_p50_ms']:.1f})  "
                       f"ITL p50 {r['itl_p50_ms']:.2f} ms  ok {r['ok']}  load {load:.1f}", flush=True)
     medians = {name: [{key: statistics.median(rnd[i][key] for rnd in rounds) for key in rounds[0][i]
                        if isinstance(rounds[0][i][key], (int, float))} | {"label": rounds[0][i]["label"]}

@@ -132,3 +132,20 @@ def test_the_routing_simulator_finds_kv_routing_hits_more_than_round_robin_and_t
     hit = {p: simulate(trace, p, 3, **run).hit_rate for p in ("kv", "oracle", "round-robin")}
     assert hit["kv"] > hit["round-robin"] + 0.1, hit
     assert hit["oracle"] >= hit["kv"] - 0.05, hit
+
+
+def test_the_routing_benchmark_reports_the_ttft_of_hits_and_of_misses_apart():
+    from bench.cluster import _summary
+
+    def request(ttft_s: float, cached: int | None, ok: bool = True) -> dict:
+        return {"ok": ok, "ttft_s": ttft_s, "cached_tokens": cached}
+    stats = {"p50": 0.02, "p99": 0.05, "mean": 0.03, "p90": 0.04}
+    run = {"label": "c=4 prefix", "requests_ok": 5, "requests_failed": 1, "prefix_cache_hit_rate": 0.5,
+           "output_tokens_per_s": 100.0, "ttft_s": stats, "itl_s": stats,
+           "requests": [request(0.010, 256), request(0.030, 16), request(0.060, 0), request(0.080, 0),
+                        request(0.070, 0), request(0.001, 256, ok=False)]}
+    summary = _summary(run)
+    assert summary["requests_hitting"] == 2 / 5
+    assert (summary["ttft_hit_p50_ms"], summary["ttft_miss_p50_ms"]) == (20.0, 70.0)
+    run["requests"] = [request(0.010, 256)]
+    assert (_summary(run)["requests_hitting"], _summary(run)["ttft_miss_p50_ms"]) == (1.0, -1.0)
