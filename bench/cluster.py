@@ -36,8 +36,8 @@ from loadtest.prompts import load_prompts
 
 def _summary(run: dict) -> dict:
     """One run's figures; with the TTFT p50 of the requests that hit the prefix cache and of those that
-    missed it (-1 where there were none), since a policy's median request is a hit once over half hit."""
-    ok = [r for r in run.get("requests", []) if r["ok"] and r["cached_tokens"] is not None]
+    missed it (None where there were none), since a policy's median request is a hit once over half hit."""
+    ok = [r for r in run.get("requests", []) if r["ok"] and r["cached_tokens"] is not None and r["ttft_s"] is not None]
     hits = [1000 * r["ttft_s"] for r in ok if r["cached_tokens"] > 0]
     misses = [1000 * r["ttft_s"] for r in ok if r["cached_tokens"] == 0]
     return {"label": run["label"], "ok": run["requests_ok"], "failed": run["requests_failed"],
@@ -46,8 +46,18 @@ def _summary(run: dict) -> dict:
             "ttft_mean_ms": 1000 * run["ttft_s"]["mean"], "ttft_p90_ms": 1000 * run["ttft_s"]["p90"],
             "itl_p50_ms": 1000 * run["itl_s"]["p50"], "itl_p99_ms": 1000 * run["itl_s"]["p99"],
             "requests_hitting": len(hits) / len(ok) if ok else 0.0,
-            "ttft_hit_p50_ms": statistics.median(hits) if hits else -1.0,
-            "ttft_miss_p50_ms": statistics.median(misses) if misses else -1.0}
+            "ttft_hit_p50_ms": statistics.median(hits) if hits else None,
+            "ttft_miss_p50_ms": statistics.median(misses) if misses else None}
+
+
+def _median_of(values: list) -> float | None:
+    """The median of the rounds' figures that exist (None: none did)."""
+    present = [v for v in values if isinstance(v, (int, float))]
+    return statistics.median(present) if present else None
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def hit_rate_ceiling(prompts: list[str], tokenizer_dir: str, block_size: int = 16) -> float:
@@ -98,7 +108,7 @@ def _vllm_bench(args, url: str, concurrency: int, prompts: int, name: str) -> di
     return {"label": f"c={concurrency}", "ok": d["completed"], "failed": d["num_prompts"] - d["completed"],
             "hit_rate": 0.0, "tokens_per_s": d["output_throughput"], "ttft_p50_ms": d["median_ttft_ms"],
             "ttft_p99_ms": d["p99_ttft_ms"], "ttft_mean_ms": d["mean_ttft_ms"], "itl_p50_ms": d["median_itl_ms"],
-            "itl_p99_ms": d["p99_itl_ms"], "requests_hitting": 0.0, "ttft_hit_p50_ms": -1.0, "ttft_miss_p50_ms": -1.0}
+            "itl_p99_ms": d["p99_itl_ms"], "requests_hitting": 0.0, "ttft_hit_p50_ms": None, "ttft_miss_p50_ms": None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
               f"hit-rate ceiling {ceiling:.3f}", flush=True)
         config = LoadTestConfig(url="", concurrency=(args.concurrency,), num_requests=args.num_requests,
                                 request_rates=(args.request_rate,) if args.request_rate else (), max_new_tokens=32,
-                                request_timeout_s=300.0, timeout_s=3600.0)
+                                request_timeout_s=300.0, timeout_s=3600.0, duration_s=3600.0)
         variants = {p: ("server.cluster", ["--replicas", "2", "--router", p, "--kv-cache-memory", args.kv_cache_memory,
                                            *ray_flags]) for p in args.routers.split(",")}
     else:
@@ -156,12 +166,12 @@ def main(argv: list[str] | None = None) -> int:
             for r in runs:
                 print(f"round {rnd} {name} {r['label']}: hit {r['hit_rate']:.3f}  {r['tokens_per_s']:.0f} tok/s  "
                       f"TTFT p50 {r['ttft_p50_ms']:.1f} mean {r['ttft_mean_ms']:.1f} ms (p50 of the "
-                      f"{r['requests_hitting']:.0%} hitting {r['ttft_hit_p50_ms']:.1f}, of the rest "
-                      f"{r['ttft_miss_p50_ms']:.1f})  "
+                      f"{r['requests_hitting']:.0%} hitting {_ms(r['ttft_hit_p50_ms'])}, of the rest "
+                      f"{_ms(r['ttft_miss_p50_ms'])})  "
                       f"ITL p50 {r['itl_p50_ms']:.2f} ms  ok {r['ok']}  load {load:.1f}", flush=True)
-    medians = {name: [{key: statistics.median(rnd[i][key] for rnd in rounds) for key in rounds[0][i]
-                       if isinstance(rounds[0][i][key], (int, float))} | {"label": rounds[0][i]["label"]}
-                      for i in range(len(rounds[0]))] for name, rounds in results.items()}
+    medians = {name: [{key: _median_of([rnd[i][key] for rnd in rounds]) for key in rounds[0][i] if key != "label"}
+                      | {"label": rounds[0][i]["label"]} for i in range(len(rounds[0]))]
+               for name, rounds in results.items()}
     write_result(args.name or f"cluster_{args.which}", {"benchmark": f"cluster {args.which}", "client": args.client,
                                                          "server_flags": args.server_flags,
                                                          "checkpoint": str(args.checkpoint),

@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
 from loadtest.prompts import load_prompts
 from loadtest.report import RequestRecord, cache_ratio, summarize
@@ -128,17 +129,16 @@ async def stream_one(client: aiohttp.ClientSession, url: str, prompt: str, param
         record.error, record.error_type = "the stream ended without a final event", "truncated_stream"
     except (aiohttp.ClientError, TimeoutError) as e:
         record.error, record.error_type = f"{type(e).__name__}: {e}"[:500], type(e).__name__
-    except ValueError as e:
+    except (ValueError, HttpProcessingError) as e:  # bad JSON, or a line past read_bufsize (LineTooLong)
         record.error, record.error_type = f"unparseable event: {e}"[:500], "bad_event"
     return record
 
 
 def make_client(request_timeout: float) -> aiohttp.ClientSession:
-    """aiohttp rather than httpx: its C parser and line reader take about half the CPU per streamed token
-    (BENCHMARKS.md, section 17), which matters when the tool shares the server's cores. Proxy variables
-    are ignored (aiohttp reads them only with trust_env=True)."""
-    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0,
-                                                               sock_read=request_timeout),
+    """aiohttp rather than httpx: its C parser and line reader take a third of the CPU per streamed token
+    or less (BENCHMARKS.md, section 17), which matters when the tool shares the server's cores. Proxy
+    variables are ignored (aiohttp reads them only with trust_env=True)."""
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=request_timeout),
                                  connector=aiohttp.TCPConnector(limit=0), read_bufsize=1 << 20)
 
 

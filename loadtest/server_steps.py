@@ -46,7 +46,7 @@ async def scrape_steps(client: aiohttp.ClientSession, url: str) -> StepScrape | 
         async with client.get(f"{url}/metrics") as response:
             if response.status != 200:
                 return None
-            text = await response.text()
+            text = await response.text(errors="replace")
     except (aiohttp.ClientError, TimeoutError):
         return None
     return parse_steps(text)

@@ -244,7 +244,7 @@ def test_a_streamed_response_closes_its_generation_on_the_event_loop_thread():
             sent.append(message)
         response = sse_response(events(), lambda: closed_on.append(threading.current_thread()))
         await response({"type": "http", "method": "GET", "path": "/", "headers": [],
-                        "asgi": {"version": "3.0", "spec_version": "2.4"}}, receive, send)
+                        "asgi": {"version": "3.0", "spec_version": "2.3"}}, receive, send)  # uvicorn's
         return sent
 
     sent = asyncio.run(respond())

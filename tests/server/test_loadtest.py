@@ -218,6 +218,31 @@ def test_a_refused_request_is_recorded_with_the_servers_status_and_error(server_
     assert (served.status, served.ok, len(served.token_times), served.server_generated_tokens) == (200, True, 3, 3)
 
 
+def test_an_event_line_too_long_to_read_is_a_bad_event_not_a_crash():
+    """A loopback server that answers one 3 MiB SSE line (past the client's 1 MiB read buffer)."""
+    import asyncio
+    import time
+
+    from loadtest.client import make_client, stream_one
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+                     + b"data: " + b"x" * (3 << 20) + b"\n\n")
+        await writer.drain()
+        writer.close()
+
+    async def main() -> RequestRecord:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server, make_client(30) as client:
+            return await stream_one(client, f"http://127.0.0.1:{port}", "Hi", RequestParams(max_new_tokens=2),
+                                    RequestRecord(start=time.perf_counter()))
+
+    record = asyncio.run(main())
+    assert (record.status, record.ok, record.error_type) == (200, False, "bad_event"), record.error
+
+
 def test_unreachable_server_is_reported_not_retried(tiny_checkpoint):
     import socket
 
