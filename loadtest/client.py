@@ -103,8 +103,10 @@ async def stream_one(client: aiohttp.ClientSession, url: str, prompt: str, param
                 _error_from_body(record, response.status, await response.read())
                 return record
             async for line in response.content:  # one line at a time, its newline included
+                if not line.startswith(b"data:"):
+                    continue
                 payload = line[5:].strip()
-                if not line.startswith(b"data:") or payload == b"[DONE]":
+                if payload == b"[DONE]":
                     continue
                 now = time.perf_counter()
                 event = json.loads(payload)
