@@ -29,9 +29,12 @@ class Generation:
         """params: one per copy of each prompt (the same list for every prompt)."""
         self.engine, self.metrics, self.prompts, self.params, self.use_cache = engine, metrics, prompts, params, use_cache
         self.timeout, self.expired = timeout, False
+        self.max_tokens_field = max_tokens_field  # the request's name for max_new_tokens, in refusals
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.time() + timeout if timeout else None  # from the request's arrival, admission included
         self.copies = len(params)
         self._events: asyncio.Queue = asyncio.Queue()
-        sink = AsyncSink(asyncio.get_running_loop(), self._events)
+        sink = AsyncSink(loop, self._events)
         self.request_ids: list[str] = []
         try:
             for ids in prompts:
@@ -41,13 +44,9 @@ class Generation:
                 else:
                     self.request_ids += engine.submit_copies(ids, params, [sink] * self.copies, use_cache=use_cache,
                                                              cache_salt=cache_salt, speculative=speculative)
-        except PromptError as e:
+        except (PromptError, QueueFullError, EngineStoppedError) as e:
             self.cancel()
-            raise APIError(422, str(e).replace("max_new_tokens", max_tokens_field), "validation",
-                           reason="context_length") from e
-        except (QueueFullError, EngineStoppedError) as e:
-            self.cancel()
-            raise _refusal(e) from e
+            raise self._refusal(e) from e
         self._choice = {rid: k for k, rid in enumerate(self.request_ids)}
         self._open = set(self.request_ids)
 
@@ -57,11 +56,18 @@ class Generation:
         refusal becomes the same HTTP status here, before a response has started."""
         if self.engine.info.in_process:
             return
-        try:
-            await self.engine.admitted(self.request_ids)
-        except (QueueFullError, EngineStoppedError) as e:
+        try:  # the deadline covers the wait in the replicas' queue too (none may be running)
+            await asyncio.wait_for(self.engine.admitted(self.request_ids), self._remaining())
+        except (PromptError, QueueFullError, EngineStoppedError) as e:  # a replica's own checks (KV cache size)
             self.cancel()
-            raise _refusal(e) from e
+            raise self._refusal(e) from e
+        except asyncio.TimeoutError:
+            self.cancel()
+            raise APIError(504, f"no replica took the request within its deadline of {self.timeout:g} s "
+                           "(parameters.timeout / --request-timeout)", "timeout", reason="timeout") from None
+
+    def _remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - asyncio.get_running_loop().time())
 
     @property
     def done(self) -> bool:
@@ -74,7 +80,7 @@ class Generation:
     async def events(self, request: Request) -> AsyncIterator[tuple[int, TokenOutput]]:
         """(choice, event) pairs as they arrive, until every choice has its last event."""
         watcher = asyncio.ensure_future(self._cancel_on_disconnect(request))
-        deadline = asyncio.get_running_loop().call_later(self.timeout, self._expire) if self.timeout else None
+        deadline = asyncio.get_running_loop().call_at(self._deadline, self._expire) if self._deadline else None
         previous: dict[int, TokenOutput] = {}
         try:
             while self._open:
@@ -127,11 +133,14 @@ class Generation:
             self.metrics.on_rejected("timeout")
             self.cancel()
 
-
-def _refusal(e: QueueFullError | EngineStoppedError) -> APIError:
-    if isinstance(e, QueueFullError):
-        return APIError(429, str(e), "overloaded", headers={"Retry-After": "1"}, reason="queue_full")
-    return APIError(503, str(e), "unavailable", headers={"Retry-After": "5"}, reason="shutting_down")
+    def _refusal(self, e: PromptError | QueueFullError | EngineStoppedError) -> APIError:
+        """A request the engine did not take, as its HTTP status."""
+        if isinstance(e, PromptError):
+            return APIError(422, str(e).replace("max_new_tokens", self.max_tokens_field), "validation",
+                            reason="context_length")
+        if isinstance(e, QueueFullError):
+            return APIError(429, str(e), "overloaded", headers={"Retry-After": "1"}, reason="queue_full")
+        return APIError(503, str(e), "unavailable", headers={"Retry-After": "5"}, reason="shutting_down")
 
 
 def tokens_of(outs: list[TokenOutput]) -> list[TokenOutput]:

@@ -79,7 +79,7 @@ def settings_from(args: argparse.Namespace):
                            dtype=args.dtype, replica_cpus=args.replica_cpus, min_replicas=args.min_replicas,
                            max_replicas=args.max_replicas, target_ongoing_requests=args.target_ongoing_requests,
                            limits=limits_from(args), api_key=args.api_key, cors_origins=tuple(args.cors_origin),
-                           model_name=args.served_model_name)
+                           model_name=args.served_model_name, shutdown_grace=args.shutdown_grace)
 
 
 def _spare_port(host: str) -> int:

@@ -24,6 +24,8 @@ from server.engine import EngineArgs, EngineConfig
 
 REPLICA_DEPLOYMENT = "EngineReplica"
 ROUTING_STATS_PERIOD_S = 0.5  # how often Serve polls each replica's report for the router
+REPEATED_FLAGS = {"cors_origin"}  # flags given once per value (argparse's append)
+READY_REPLICAS_MAX_AGE_S = 1.0  # /health's replicas_ready is read again once older than this
 
 
 @dataclass
@@ -46,6 +48,7 @@ class ClusterSettings:
     cors_origins: tuple[str, ...] = ()
     warmup: bool = True
     model_name: str | list[str] | None = None  # --served-model-name; default: the checkpoint's folder name
+    shutdown_grace: float = 30.0  # --shutdown-grace: seconds requests in flight get when the app stops
 
     @property
     def autoscaling(self) -> bool:
@@ -59,7 +62,8 @@ def replica_options(s: ClusterSettings) -> dict:
                   # replica, Serve's queue in the ingress holds --max-waiting more, then refuses (429)
                   "max_ongoing_requests": s.engine.max_num_seqs + s.engine.max_waiting,
                   "max_queued_requests": max(1, s.engine.max_waiting),
-                  "health_check_period_s": 2.0, "health_check_timeout_s": 30.0}
+                  "health_check_period_s": 2.0, "health_check_timeout_s": 30.0,
+                  "graceful_shutdown_timeout_s": s.shutdown_grace}
     if s.autoscaling:
         opts["autoscaling_config"] = AutoscalingConfig(
             min_replicas=s.min_replicas if s.min_replicas is not None else 1, max_replicas=s.max_replicas,
@@ -86,23 +90,33 @@ class Ingress:
                                       asyncio.get_running_loop())
         self.app_name = serve.get_replica_context().app_name
         self._ready = (0.0, 0)  # (when read, replicas running)
+        self._reading: asyncio.Future | None = None
+        self._read_ready_replicas()
 
     def ready_replicas(self) -> int:
-        """Replicas of the engine deployment that Serve reports running (read at most once a second)."""
-        when, count = self._ready
-        if time.monotonic() - when > 1.0:
+        """Replicas of the engine deployment that Serve reports running, as last read; a reading older
+        than a second starts a new one. `serve.status()` asks Serve's controller and waits: it runs in a
+        worker thread, never on the loop that streams every request's tokens."""
+        if time.monotonic() - self._ready[0] > READY_REPLICAS_MAX_AGE_S:
+            self._read_ready_replicas()
+        return self._ready[1]
+
+    def _read_ready_replicas(self) -> None:
+        if self._reading is not None and not self._reading.done():
+            return
+
+        def read() -> None:
             app = serve.status().applications.get(self.app_name)
             dep = app.deployments.get(REPLICA_DEPLOYMENT) if app is not None else None
-            count = dep.replica_states.get("RUNNING", 0) if dep is not None else 0
-            self._ready = (time.monotonic(), count)
-        return count
+            self._ready = (time.monotonic(), dep.replica_states.get("RUNNING", 0) if dep is not None else 0)
+        self._reading = asyncio.ensure_future(asyncio.to_thread(read))
 
     def __serve_build_asgi_app__(self):
         from server.api.app import create_app
         s = self.settings
         return create_app(lambda: self.client, model_name=s.model_name or Path(s.checkpoint).name, warmup=s.warmup,
                           limits=s.limits, api_key=s.api_key, cors_origins=s.cors_origins,
-                          health=lambda: {"replicas_ready": self.ready_replicas(),
+                          shutdown_grace=s.shutdown_grace, health=lambda: {"replicas_ready": self.ready_replicas(),
                                           "replicas_wanted": s.max_replicas or s.replicas},
                           extra_metrics=lambda: cluster_metrics(self.client, ROUTERS.get(REPLICA_DEPLOYMENT)))
 
@@ -115,17 +129,31 @@ def build_app(s: ClusterSettings):
     engine_args = engine_args_of(s)
     replica = serve.deployment(EngineReplica, name=REPLICA_DEPLOYMENT, **replica_options(s))
     ingress = serve.deployment(Ingress, name="Ingress", num_replicas=1, ray_actor_options={"num_cpus": 0},
-                               max_ongoing_requests=10_000)
+                               max_ongoing_requests=10_000, graceful_shutdown_timeout_s=s.shutdown_grace)
     return ingress.bind(replica.bind(engine_args, s.warmup), s)
 
 
 def app_builder(args: dict):
     """For `serve run` / `serve deploy` config files: `args` are `python -m server.cluster`'s flags by
-    their long names (`checkpoint`, `replicas`, `router`, `kv_cache_memory`...)."""
+    their long names (`checkpoint`, `replicas`, `router`, `kv_cache_memory`...): true for a switch, a list
+    for a flag given several values (`served_model_name`) or given several times (`cors_origin`), null for
+    the default. The flags of how HTTP comes in (`host`, `port`, `serve_proxy`, `ray_num_cpus`) do nothing
+    here: the config's `http_options` and the cluster decide."""
     from server.cluster.__main__ import parse_args, settings_from
+    return build_app(settings_from(parse_args(argv_of(args))))
+
+
+def argv_of(args: dict) -> list[str]:
+    """A Serve config's `args` as the command line of `python -m server.cluster`."""
     argv = []
     for key, value in args.items():
         flag = "--" + key.replace("_", "-")
-        argv += [flag] if value is True else [] if value is False else [flag, str(value)]
-    return build_app(settings_from(parse_args(argv)))
-
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            argv += [a for v in value for a in (flag, str(v))] if key in REPEATED_FLAGS else [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    return argv

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from model.checkpoint import load_tokenizer
 from model.config import GPTConfig
+from model.config import PromptError
 from model.generate import check_prompt
 from model.sampling import SamplingParams
 from server.cluster.protocol import Submission
@@ -158,18 +159,38 @@ class RayEngineClient:
     def _start(self, sub: Submission, sinks: list) -> None:
         loop = asyncio.get_running_loop()
         admission = loop.create_future()
-        call = loop.create_task(self._relay(sub, dict(zip(sub.request_ids, sinks)), admission))
+        by_id, open_ids = dict(zip(sub.request_ids, sinks)), set(sub.request_ids)
+        call = loop.create_task(self._relay(sub, by_id, open_ids, admission))
+        # whatever way the call ends, even cancelled before its first line ran (an abort right after submit)
+        call.add_done_callback(lambda task: self._ended(task, sub, by_id, open_ids, admission))
         for rid in sub.request_ids:
             self._calls[rid] = call
             self._admissions[rid] = admission
 
-    async def _relay(self, sub: Submission, sinks: dict, admission: asyncio.Future) -> None:
-        open_ids = set(sub.request_ids)
+    def _ended(self, call: asyncio.Task, sub: Submission, sinks: dict, open_ids: set, admission: asyncio.Future) -> None:
+        """Every request of the call has its last event, its admission an answer, and the call is forgotten."""
+        for rid in list(open_ids):  # a call cancelled before it ran, or a stream that stopped short
+            _deliver(sinks[rid], _end(rid, FINISH_ABORT) if call.cancelled() else
+                     _end(rid, FINISH_ERROR, "the replica's stream ended before the request did", "generation"))
+        open_ids.clear()
+        if not admission.done():  # ended otherwise: its events say how
+            admission.set_result(None)
+        router = self._router()
+        if router is not None:  # a call no replica took (cancelled in Serve's queue) counts on none
+            router.release(sub.request_ids[0])
+        for rid in sub.request_ids:
+            if self._calls.get(rid) is call:
+                del self._calls[rid]
+                self._admissions.pop(rid, None)
+
+    async def _relay(self, sub: Submission, sinks: dict, open_ids: set, admission: asyncio.Future) -> None:
+        response = None
         try:
             for attempt in range(RETRIES + 1):
                 started = False
                 try:
-                    async for batch in self.handle.remote(sub):
+                    response = self.handle.remote(sub)
+                    async for batch in response:
                         if not admission.done():
                             admission.set_result(None)
                         started = started or bool(batch)
@@ -197,15 +218,12 @@ class RayEngineClient:
                     open_ids.clear()
                     return
         except asyncio.CancelledError:
+            if response is not None:  # the replica's generator too, whichever transport Serve uses
+                response.cancel()
             for rid in list(open_ids):
                 _deliver(sinks[rid], _end(rid, FINISH_ABORT))
             open_ids.clear()
-        finally:
-            if not admission.done():  # ended otherwise: its events say how
-                admission.set_result(None)
-            for rid in sub.request_ids:
-                self._calls.pop(rid, None)
-                self._admissions.pop(rid, None)
+            raise
 
 
 def _deliver(sink, out: TokenOutput) -> None:
@@ -237,12 +255,12 @@ def _message(e: BaseException) -> str:
 
 
 def _refusal(e: BaseException) -> Exception | None:
-    """The refusal a failed call stands for, as the local engine raises it: None for another failure."""
+    """The refusal a failed call stands for, as the local engine's submit raises it: None for another failure."""
     from ray.serve.exceptions import BackPressureError
 
     from server.engine import EngineStoppedError, QueueFullError
     cause = _cause(e)
-    if isinstance(cause, (QueueFullError, EngineStoppedError)):
+    if isinstance(cause, (PromptError, QueueFullError, EngineStoppedError)):  # PromptError: its KV cache's size
         return cause
     if isinstance(e, BackPressureError) or isinstance(cause, BackPressureError):
         return QueueFullError(f"every replica is at its limit of requests and Serve's queue is full ({cause})")

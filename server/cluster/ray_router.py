@@ -16,7 +16,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 
 import server.cluster.router as router_core
 from server.cluster.protocol import Submission
-from server.cluster.router import Decision, ReplicaReport, Router
+from server.cluster.router import ReplicaReport, Router
 
 
 class KVCacheRequestRouter(RequestRouter):
@@ -26,7 +26,7 @@ class KVCacheRequestRouter(RequestRouter):
         # Serve pickles this module by value: the registry is reached through the router module, the one
         # copy the ingress reads
         router_core.ROUTERS[self._deployment_id.name] = self.router
-        self._decided: dict[str, Decision] = {}  # internal request id -> where it was sent
+        self._sent: set[tuple[str, str]] = set()  # (Serve's request id, replica) of the calls a replica took
         self._seen_reports: dict[str, float] = {}  # replica -> time of the last report applied
 
     def _sync(self, candidates: list[RunningReplica]) -> None:
@@ -53,21 +53,41 @@ class KVCacheRequestRouter(RequestRouter):
         sub = _submission(pending_request)
         if sub is None:  # not a generation (status calls): any replica
             return [candidate_replicas]
-        rid = pending_request.metadata.internal_request_id
-        decision = self._decided.get(rid)
+        call_id = sub.request_ids[0]  # ours, one per call (`RayEngineClient` releases it when the call ends)
+        decision = self.router.unsent.get(call_id)
         if decision is None or decision.replica_id not in self.router.replicas:
+            if decision is not None:  # its replica is gone
+                self.router.unrouted(decision)
             decision = self.router.decide(sub.prompt_ids, cache_salt=sub.cache_salt, use_cache=sub.use_cache)
+            # counted at once, so the requests routed before any replica took one see it; undone if the
+            # call ends before a replica takes it (cancelled in Serve's queue)
             self.router.routed(decision, decision.replica_id)
-            self._decided[rid] = decision
+            self.router.hold(call_id, decision)
         first = [r for r in candidate_replicas if r.replica_id.unique_id == decision.replica_id]
         rest = sorted((r for r in candidate_replicas if r.replica_id.unique_id != decision.replica_id),
                       key=lambda r: self.router.replicas[r.replica_id.unique_id].load)
         return [first, rest]
 
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        """A replica took the request (Serve calls this for its Python handles, whose replicas refuse a
+        request past `max_ongoing_requests`): it is in flight there from now on, moved there if Serve sent
+        it elsewhere than the replica chosen (a 'redirect' in the router's decisions)."""
+        sub = _submission(pending_request)
+        decision = self.router.taken(sub.request_ids[0]) if sub is not None else None
+        if decision is None:
+            return
+        actual = replica_id.unique_id
+        if actual != decision.replica_id:
+            self.router.unrouted(decision)
+            self.router.routed(decision, actual)
+        self._sent.add((pending_request.metadata.internal_request_id, actual))
+
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        decision = self._decided.pop(internal_request_id, None)
-        if decision is not None:
-            self.router.finished(decision.replica_id)
+        """Serve calls this for every attempt it sent, the refused ones too: only one a replica took counted."""
+        key = (internal_request_id, replica_id.unique_id)
+        if key in self._sent:
+            self._sent.discard(key)
+            self.router.finished(replica_id.unique_id)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

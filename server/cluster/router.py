@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -126,7 +127,8 @@ class ReplicaState:
 
 
 class Router:
-    """Chooses a replica per request under one policy. Not thread-safe: one event loop calls it."""
+    """Chooses a replica per request under one policy. One event loop decides; the counts of requests in
+    flight may change from another thread too (a call's end, `release`)."""
 
     def __init__(self, policy: str = "kv", block_size: int = 16, *,
                  imbalance_threshold: int = DEFAULT_IMBALANCE_THRESHOLD, pending_ttl: float = DEFAULT_PENDING_TTL,
@@ -141,6 +143,10 @@ class Router:
         self._turn = 0  # requests routed: round-robin's position
         self._clock = clock
         self._last_expiry = 0.0
+        self.unsent: dict[str, Decision] = {}  # call id -> its decision, until a replica takes the call
+        # the counts change on the routing loop and, for a call that ends, on the ingress's (the same loop
+        # with Serve's direct ingress; two threads behind Serve's proxy)
+        self._lock = threading.Lock()
 
     # ---- membership and reports -------------------------------------------------------------------
 
@@ -195,14 +201,42 @@ class Router:
         """The request of `decision` was sent to `replica_id` (Ray may pick another when the chosen one is
         full or gone: then it counts as a 'redirect')."""
         now = self._clock()
-        self._turn += 1
-        state = self.replicas.get(replica_id)
-        if state is not None:
-            state.inflight += 1
-            state.expect(decision.keys, now)
-        outcome = decision.outcome if replica_id == decision.replica_id else "redirect"
-        self.decisions[(self.policy, outcome)] += 1
+        with self._lock:
+            self._turn += 1
+            state = self.replicas.get(replica_id)
+            if state is not None:
+                state.inflight += 1
+                state.expect(decision.keys, now)
+            outcome = decision.outcome if replica_id == decision.replica_id else "redirect"
+            self.decisions[(self.policy, outcome)] += 1
         self._expire(now)
+
+    def unrouted(self, decision: Decision) -> None:
+        """Undoes `routed` for a request that never reached the replica it was counted on (cancelled in
+        Serve's queue, or moved to another)."""
+        with self._lock:
+            self._finished(decision.replica_id)
+            key = (self.policy, decision.outcome)
+            self.decisions[key] -= 1
+            if self.decisions[key] <= 0:
+                del self.decisions[key]
+
+    # ---- a call between its decision and a replica taking it (Ray Serve's queue, refusals) ----------
+
+    def hold(self, call_id: str, decision: Decision) -> None:
+        """`decision`, routed (counted on its replica), waits for a replica to take the call `call_id`."""
+        self.unsent[call_id] = decision
+
+    def taken(self, call_id: str) -> Decision | None:
+        """A replica took the call: its decision, which no longer waits."""
+        return self.unsent.pop(call_id, None)
+
+    def release(self, call_id: str) -> None:
+        """The call ended: if no replica ever took it (cancelled while Serve queued it, refused), its
+        decision counts nowhere any more."""
+        decision = self.unsent.pop(call_id, None)
+        if decision is not None:
+            self.unrouted(decision)
 
     def _choose_kv(self, candidates: list[ReplicaState], keys: list[int], now: float) -> tuple[ReplicaState, str]:
         least = min(candidates, key=lambda s: s.load)
@@ -218,6 +252,10 @@ class Router:
 
     def finished(self, replica_id: str) -> None:
         """A request routed to `replica_id` ended (any way)."""
+        with self._lock:
+            self._finished(replica_id)
+
+    def _finished(self, replica_id: str) -> None:
         state = self.replicas.get(replica_id)
         if state is not None and state.inflight > 0:
             state.inflight -= 1

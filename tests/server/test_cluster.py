@@ -10,6 +10,7 @@ import signal
 import socket
 import threading
 import time
+from collections import Counter
 
 import httpx
 import pytest
@@ -146,6 +147,12 @@ def test_two_replicas_answer_what_a_single_server_answers_streamed_and_not(clust
     assert b["choices"][0]["logprobs"] == a["choices"][0]["logprobs"]
     chunks = _stream(cluster, "/v1/completions", completion | {"stream": True})
     assert "".join(c["choices"][0]["text"] for c in chunks if c.get("choices")) == a["choices"][0]["text"]
+    # copies that do not fit one replica's KV cache: refused by the replica's own check, as the single
+    # server refuses them (422, the request's own field named), not a failed generation
+    too_many = {"prompt": "JULIET: what light", "max_tokens": 1000, "n": 3}
+    a, b = (httpx.post(u + "/v1/completions", json=too_many, timeout=60, trust_env=False) for u in (single, cluster))
+    assert (b.status_code, b.json()) == (a.status_code, a.json()) and a.status_code == 422, b.text
+    assert "max_tokens" in b.json()["error"]["message"] and "KV-cache blocks" in b.json()["error"]["message"]
 
 
 def _tenant_runs(url: str, seed: int) -> list[tuple[int, int]]:
@@ -253,6 +260,49 @@ def test_a_full_replica_answers_429_as_a_single_server_does(cluster):
     assert _post(url, "/generate", {"inputs": "afterwards", "parameters": {"max_new_tokens": 2}})["generated_text"]
 
 
+def test_a_request_no_replica_takes_ends_at_its_deadline_and_the_router_counts_nothing_left_in_flight(cluster):
+    """`small` busy with long streams: a request with `parameters.timeout` waits in Serve's queue, or is
+    refused there (429), and at its deadline answers 504 instead of waiting for the replica. Once the
+    streams end, the router counts no request in flight anywhere: not the ones cancelled in Serve's
+    queue before any replica took them, nor the refused ones."""
+    url = cluster["small"]
+    long = {"inputs": "a long one", "parameters": {"max_new_tokens": 1000, "ignore_eos": True, "speculative": False}}
+    stop = threading.Event()
+
+    def keep_busy() -> None:
+        while not stop.is_set():
+            with httpx.stream("POST", url + "/generate_stream", json=long, timeout=120, trust_env=False) as r:
+                for _ in r.iter_lines():
+                    if stop.is_set():
+                        return
+
+    busy = threading.Thread(target=keep_busy)
+    busy.start()
+    statuses = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and 504 not in statuses:
+            r = httpx.post(url + "/generate", json={"inputs": "queued", "parameters": {
+                "max_new_tokens": 1, "timeout": 1.0}}, timeout=30, trust_env=False)
+            statuses.append(r.status_code)
+            assert r.status_code in (200, 429, 504), r.text
+            if r.status_code == 504:
+                assert r.json()["error_type"] == "timeout" and "no replica took" in r.json()["error"], r.text
+    finally:
+        stop.set()
+        busy.join(120)
+    assert 504 in statuses, f"no request timed out in Serve's queue: {sorted(Counter(statuses).items())}"
+    in_flight = "kvserve:router_requests_in_flight{"
+    for _ in range(100):  # the last stream's end reaches the router a moment after the client
+        counts = [float(line.rsplit(" ", 1)[1]) for line in
+                  httpx.get(url + "/metrics", timeout=10, trust_env=False).text.splitlines()
+                  if line.startswith(in_flight)]
+        if counts and not any(counts):
+            break
+        time.sleep(0.1)
+    assert counts == [0.0], f"the router still counts requests in flight: {counts}"
+
+
 def _replica_pids(url: str) -> dict[str, int]:
     text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
     pids = {}
@@ -316,7 +366,7 @@ def test_a_killed_replica_ends_its_streams_with_an_error_new_requests_succeed_an
 def test_the_serve_config_files_deploy_the_same_application_with_autoscaling_from_flags(tmp_path):
     import yaml
     from pathlib import Path
-    from server.cluster.app import app_builder, replica_options
+    from server.cluster.app import app_builder, argv_of, replica_options
     from server.cluster.__main__ import parse_args, settings_from
     root = Path(__file__).resolve().parents[2]
     for name in ("serve_config.yaml", "rayservice.yaml"):
@@ -336,18 +386,27 @@ def test_the_serve_config_files_deploy_the_same_application_with_autoscaling_fro
     assert opts["request_router_config"].request_router_kwargs["policy"] == "kv"
     assert "request_router_config" not in replica_options(settings_from(parse_args(["--router", "pow2"])))
     assert app_builder({"checkpoint": str(tmp_path), "replicas": 2}) is not None
+    # a config's lists, nulls and switches as the command line takes them
+    s = settings_from(parse_args(argv_of({"checkpoint": str(tmp_path), "served_model_name": ["a", "b"],
+                                          "cors_origin": ["http://x", "http://y"], "max_replicas": None,
+                                          "speculative": "ngram", "serve_proxy": False})))
+    assert (s.model_name, s.cors_origins, s.max_replicas) == (["a", "b"], ("http://x", "http://y"), None)
 
 
 def test_the_cli_forwards_the_engine_flags_and_checks_them_before_ray_starts(checkpoint, capsys):
     from server.cluster.__main__ import main, parse_args, settings_from
+    from server.cluster.app import replica_options
     s = settings_from(parse_args(["--checkpoint", str(checkpoint), "--quantization", "int8", "--target-step-ms", "20",
                                   "--speculative", "ngram", "--num-speculative-tokens", "3", "--prompt-lookup-min", "2",
                                   "--prompt-lookup-max", "3", "--kv-cache-dtype", "bfloat16", "--max-waiting", "7",
-                                  "--served-model-name", "a", "b", "--max-new-tokens", "50"]))
+                                  "--served-model-name", "a", "b", "--max-new-tokens", "50",
+                                  "--shutdown-grace", "12"]))
     e = s.engine
     assert (e.quantization, e.target_step_ms, e.speculative, e.num_speculative_tokens, e.prompt_lookup_min,
             e.prompt_lookup_max, e.kv_cache_dtype, e.max_waiting) == ("int8", 20.0, "ngram", 3, 2, 3, "bfloat16", 7)
     assert s.model_name == ["a", "b"] and s.limits.max_new_tokens == 50
+    # --shutdown-grace: the ingress's drain and Serve's wait for a stopping replica's requests
+    assert s.shutdown_grace == 12 and replica_options(s)["graceful_shutdown_timeout_s"] == 12
     # refused as `python -m server` refuses them (exit 2, one line), before any Ray process starts
     assert main(["--checkpoint", str(checkpoint.parent / "missing")]) == 2
     assert "not a complete checkpoint" in capsys.readouterr().err

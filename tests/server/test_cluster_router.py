@@ -119,6 +119,30 @@ def test_a_restarted_replica_loses_its_believed_cache_and_an_excluded_one_is_ski
         router.choose(_prompt(8, 1), exclude=["r0", "r1"])
 
 
+def test_a_request_that_never_reached_its_replica_is_uncounted_and_a_redirect_moves_it():
+    router = _router("kv", n=2)
+    decision = router.choose(_prompt(3, 0))
+    assert router.replicas[decision.replica_id].inflight == 1 and router.decisions[("kv", "miss")] == 1
+    router.unrouted(decision)  # cancelled in Serve's queue
+    assert all(s.inflight == 0 for s in router.replicas.values()) and not router.decisions
+    decision = router.choose(_prompt(3, 1))
+    other = next(rid for rid in router.replicas if rid != decision.replica_id)
+    router.unrouted(decision)  # Serve sent it to the other replica
+    router.routed(decision, other)
+    assert (router.replicas[other].inflight, router.replicas[decision.replica_id].inflight) == (1, 0)
+    assert dict(router.decisions) == {("kv", "redirect"): 1}
+    router.finished(other)
+    assert router.replicas[other].inflight == 0
+    # a call held between its decision and a replica taking it: released at its end unless taken
+    waiting, taken = router.choose(_prompt(4, 0)), router.choose(_prompt(5, 0))
+    router.hold("call-a", waiting)
+    router.hold("call-b", taken)
+    assert router.taken("call-b") is taken and sum(s.inflight for s in router.replicas.values()) == 2
+    router.release("call-a")
+    router.release("call-b")  # taken: it stays in flight until it finishes
+    assert sum(s.inflight for s in router.replicas.values()) == 1 and not router.unsent
+
+
 def test_an_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="round-robin"):
         Router("random")
