@@ -4,9 +4,12 @@ batch; chunked prefill gives the bits of one-shot prefill and of the decode path
 kernels fail the same comparisons (the negative controls) and agree only within a tolerance."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
+from model import kernels
 from model.checkpoint import load_model
 from model.config import GPTConfig
 from model.generate import decode_one_token, generate, prefill, recompute, sequence_cache
@@ -173,3 +176,12 @@ def test_default_model_greedy_220_tokens_same_ids_with_and_without_cache(default
 
 def test_suite_runs_the_kernels_it_claims(default_model):
     assert default_model.kernels == ("exact" if EXACT else "stock")
+
+
+def test_the_exact_kernels_build_on_a_cpu_unless_the_stock_ones_are_asked_for():
+    """The exact kernels carry the bit-identity claim, and the tests of it are skipped where they cannot
+    run: on a CPU this one fails instead, saying why, unless KVSERVE_KERNELS=stock says so on purpose."""
+    if TEST_DEVICE != "cpu" or os.environ.get("KVSERVE_KERNELS") == "stock":
+        pytest.skip("not a CPU run, or the stock kernels were asked for (KVSERVE_KERNELS=stock)")
+    assert EXACT, (f"the exact kernels did not build here, so their tests were skipped: "
+                   f"{kernels.unavailable_reason()} (g++ and AVX2 are needed; KVSERVE_KERNELS=stock skips them)")

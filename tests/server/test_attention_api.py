@@ -98,6 +98,7 @@ def test_work_run_between_steps_hands_back_its_error_and_the_engine_keeps_servin
 
 
 def test_the_payload_is_built_off_the_event_loop(live, monkeypatch):
+    import asyncio
     import threading
 
     import server.api.attention_view as view
@@ -106,9 +107,14 @@ def test_the_payload_is_built_off_the_event_loop(live, monkeypatch):
 
     def recording(*args):
         threads.append(threading.current_thread())
+        try:  # no event loop runs in this thread (uvicorn's runs in a thread of its own here, not the main one)
+            asyncio.get_running_loop()
+            threads.append("on a running event loop")
+        except RuntimeError:
+            pass
         return real(*args)
 
     monkeypatch.setattr(view, "_payload", recording)
     post_generate(live, max_new_tokens=4, return_attention=True)
-    assert len(threads) == 1
+    assert len(threads) == 1, threads
     assert threads[0] is not threading.main_thread() and threads[0].name != "kvserve-engine", threads[0].name

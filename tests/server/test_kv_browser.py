@@ -67,7 +67,7 @@ def lane_texts(page) -> dict[str, str]:
             for name in ("cached", "uncached", "prefix")}
 
 
-def test_the_race_ends_with_identical_texts_a_point_per_token_and_the_uncached_lane_climbing(
+def test_the_race_ends_with_identical_texts_and_a_point_per_token_in_every_lane(
         open_tab, pool_live, artifacts):  # noqa: F811
     page = open_tab("race")
     page.fill("#race-prompt", RACE_PROMPT)
@@ -87,9 +87,6 @@ def test_the_race_ends_with_identical_texts_a_point_per_token_and_the_uncached_l
         assert indices == list(range(1, RACE_TOKENS + 1)), f"the {lane} lane's chart has not one point per token"
     assert int(page.locator("#lane-prefix [data-figure=cached]").inner_text()) > 0, "the prefix lane hit nothing"
     assert page.locator("#lane-cached [data-figure=cached]").inner_text() == "0", "the cached lane did not start cold"
-    uncached = page.locator("#itl-chart circle.point.uncached")
-    first, last = (float(uncached.nth(i).get_attribute("data-ms")) for i in (0, RACE_TOKENS - 1))
-    assert last > first, f"the uncached lane's last token took {last:.1f} ms, its first {first:.1f} ms"
 
 
 def test_the_map_shows_held_blocks_during_a_request_and_cached_blocks_after(open_tab, pool_live):

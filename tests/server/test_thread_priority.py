@@ -24,7 +24,8 @@ def nice_of_threads() -> dict[int, int]:
 
 def test_the_engine_lowers_its_compute_threads_and_no_other(tiny_model, tiny_tokenizer):
     base = thread_nice(threading.get_native_id())
-    before = set(nice_of_threads())
+    before_nice = nice_of_threads()
+    before = set(before_nice)
     eng = Engine(tiny_model, tiny_tokenizer, threads=2, engine_niceness=3).start()
     try:
         done = threading.Event()
@@ -38,6 +39,8 @@ def test_the_engine_lowers_its_compute_threads_and_no_other(tiny_model, tiny_tok
         assert kernels.num_threads() == 2 or kernels.spin_us() is None
         if kernels.num_threads() == 2:  # the kernels' worker, started again from the engine thread
             assert len(lowered - before) >= 2, nice
+        changed = {tid: (before_nice[tid], n) for tid, n in nice.items() if tid in before and n != before_nice[tid]}
+        assert not changed, f"threads that were running before the engine changed priority: {changed}"
     finally:
         eng.shutdown(timeout=10)
 
