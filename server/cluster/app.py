@@ -7,6 +7,7 @@ Serve config file names (`import_path: server.cluster.app:app_builder`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,8 @@ from server.cluster.ray_router import KVCacheRequestRouter
 from server.cluster.router import ROUTERS
 from server.cluster.replica import EngineReplica
 from server.engine import EngineArgs, EngineConfig
+
+log = logging.getLogger("kvserve.cluster")
 
 REPLICA_DEPLOYMENT = "EngineReplica"
 ROUTING_STATS_PERIOD_S = 0.5  # how often Serve polls each replica's report for the router
@@ -106,7 +109,11 @@ class Ingress:
             return
 
         def read() -> None:
-            app = serve.status().applications.get(self.app_name)
+            try:
+                app = serve.status().applications.get(self.app_name)
+            except Exception as e:  # noqa: BLE001 - the last reading stands; the next /health tries again
+                log.warning("could not read Serve's status: %s", e)
+                return
             dep = app.deployments.get(REPLICA_DEPLOYMENT) if app is not None else None
             self._ready = (time.monotonic(), dep.replica_states.get("RUNNING", 0) if dep is not None else 0)
         self._reading = asyncio.ensure_future(asyncio.to_thread(read))

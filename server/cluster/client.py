@@ -219,11 +219,20 @@ class RayEngineClient:
                     return
         except asyncio.CancelledError:
             if response is not None:  # the replica's generator too, whichever transport Serve uses
-                response.cancel()
+                _cancel(response)
             for rid in list(open_ids):
                 _deliver(sinks[rid], _end(rid, FINISH_ABORT))
             open_ids.clear()
             raise
+
+
+def _cancel(response) -> None:
+    """Cancels a handle call: its assignment, or the replica's stream it was assigned to, also when the
+    assignment has finished but the call has not yet read it (then `cancel` alone reaches neither)."""
+    response.cancel()
+    assigned = getattr(response, "_replica_result_future", None)  # Serve 2.60's; absent elsewhere
+    if assigned is not None and assigned.done() and not assigned.cancelled() and assigned.exception() is None:
+        assigned.result().cancel()
 
 
 def _deliver(sink, out: TokenOutput) -> None:

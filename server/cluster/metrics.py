@@ -34,8 +34,8 @@ def cluster_metrics(client: RayEngineClient, router: Router | None) -> str:
     for (policy, outcome), count in sorted((router.decisions if router else {}).items()):
         lines.append(f'{name}{{policy="{policy}",outcome="{outcome}"}} {float(count)}')
     name = PREFIX + "router_requests_in_flight"
-    lines += [f"# HELP {name} Requests this router sent to the replica that have not ended (a replica took them), "
-              "by replica.", f"# TYPE {name} gauge"]
+    lines += [f"# HELP {name} Requests this router placed on the replica that have not ended, waiting in Serve's "
+              "queue or taken, by replica.", f"# TYPE {name} gauge"]
     for replica_id, state in sorted((router.replicas if router else {}).items()):
         lines.append(f'{name}{{replica="{replica_id}"}} {float(state.inflight)}')
     return "\n".join(lines) + "\n"

@@ -26,7 +26,6 @@ class KVCacheRequestRouter(RequestRouter):
         # Serve pickles this module by value: the registry is reached through the router module, the one
         # copy the ingress reads
         router_core.ROUTERS[self._deployment_id.name] = self.router
-        self._sent: set[tuple[str, str]] = set()  # (Serve's request id, replica) of the calls a replica took
         self._seen_reports: dict[str, float] = {}  # replica -> time of the last report applied
 
     def _sync(self, candidates: list[RunningReplica]) -> None:
@@ -70,8 +69,10 @@ class KVCacheRequestRouter(RequestRouter):
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         """A replica took the request (Serve calls this for its Python handles, whose replicas refuse a
-        request past `max_ongoing_requests`): it is in flight there from now on, moved there if Serve sent
-        it elsewhere than the replica chosen (a 'redirect' in the router's decisions)."""
+        request past `max_ongoing_requests`): it is in flight there until its result is done, moved there if
+        Serve sent it elsewhere than the replica chosen (a 'redirect' in the router's decisions). Counted
+        down by the result itself, which may be done already: Serve's own completion report can arrive
+        before this call."""
         sub = _submission(pending_request)
         decision = self.router.taken(sub.request_ids[0]) if sub is not None else None
         if decision is None:
@@ -80,14 +81,8 @@ class KVCacheRequestRouter(RequestRouter):
         if actual != decision.replica_id:
             self.router.unrouted(decision)
             self.router.routed(decision, actual)
-        self._sent.add((pending_request.metadata.internal_request_id, actual))
-
-    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        """Serve calls this for every attempt it sent, the refused ones too: only one a replica took counted."""
-        key = (internal_request_id, replica_id.unique_id)
-        if key in self._sent:
-            self._sent.discard(key)
-            self.router.finished(replica_id.unique_id)
+        # called from one of Ray's threads (or at once, if done); `finished` takes the router's lock
+        result.add_done_callback(lambda _: self.router.finished(actual))
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

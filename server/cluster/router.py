@@ -144,6 +144,7 @@ class Router:
         self._clock = clock
         self._last_expiry = 0.0
         self.unsent: dict[str, Decision] = {}  # call id -> its decision, until a replica takes the call
+        self._released: dict[str, float] = {}  # call id -> when it ended (kept for pending_ttl)
         # the counts change on the routing loop and, for a call that ends, on the ingress's (the same loop
         # with Serve's direct ingress; two threads behind Serve's proxy)
         self._lock = threading.Lock()
@@ -224,8 +225,12 @@ class Router:
     # ---- a call between its decision and a replica taking it (Ray Serve's queue, refusals) ----------
 
     def hold(self, call_id: str, decision: Decision) -> None:
-        """`decision`, routed (counted on its replica), waits for a replica to take the call `call_id`."""
-        self.unsent[call_id] = decision
+        """`decision`, routed (counted on its replica), waits for a replica to take the call `call_id`
+        (unless that call has ended already: behind Serve's proxy the routing loop is another thread)."""
+        if call_id in self._released:
+            self.unrouted(decision)
+        else:
+            self.unsent[call_id] = decision
 
     def taken(self, call_id: str) -> Decision | None:
         """A replica took the call: its decision, which no longer waits."""
@@ -234,6 +239,7 @@ class Router:
     def release(self, call_id: str) -> None:
         """The call ended: if no replica ever took it (cancelled while Serve queued it, refused), its
         decision counts nowhere any more."""
+        self._released[call_id] = self._clock()
         decision = self.unsent.pop(call_id, None)
         if decision is not None:
             self.unrouted(decision)
@@ -263,6 +269,7 @@ class Router:
     def _expire(self, now: float) -> None:
         if now - self._last_expiry > self.pending_ttl:
             self._last_expiry = now
+            self._released = {c: t for c, t in self._released.items() if now - t <= self.pending_ttl}
             for state in self.replicas.values():
                 state.expire(now, self.pending_ttl)
 

@@ -281,17 +281,17 @@ def test_a_request_no_replica_takes_ends_at_its_deadline_and_the_router_counts_n
     statuses = []
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and 504 not in statuses:
+        while time.monotonic() < deadline and "queued past its deadline" not in statuses:
             r = httpx.post(url + "/generate", json={"inputs": "queued", "parameters": {
                 "max_new_tokens": 1, "timeout": 1.0}}, timeout=30, trust_env=False)
-            statuses.append(r.status_code)
             assert r.status_code in (200, 429, 504), r.text
-            if r.status_code == 504:
-                assert r.json()["error_type"] == "timeout" and "no replica took" in r.json()["error"], r.text
+            if r.status_code == 504:  # queued until its deadline, or taken just before it and cut short
+                assert r.json()["error_type"] == "timeout", r.text
+            statuses.append("queued past its deadline" if "no replica took" in r.text else r.status_code)
     finally:
         stop.set()
         busy.join(120)
-    assert 504 in statuses, f"no request timed out in Serve's queue: {sorted(Counter(statuses).items())}"
+    assert "queued past its deadline" in statuses, f"none timed out in Serve's queue: {Counter(statuses)}"
     in_flight = "kvserve:router_requests_in_flight{"
     for _ in range(100):  # the last stream's end reaches the router a moment after the client
         counts = [float(line.rsplit(" ", 1)[1]) for line in
