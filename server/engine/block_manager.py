@@ -4,13 +4,14 @@
 - Blocks no request holds wait in `FreeBlocks` (free_blocks.py): empty ones are taken first, then cached
   ones that never served a hit, then those that did, each least recently released first. A block
   that still caches a prefix is evicted only when no empty block is left.
-- A full block of a request that uses the cache is keyed by a hash chain, hash(parent's key, its
+- A full block of a request that uses the cache is keyed by a hash chain, BLAKE2b(parent's key, its
   token ids), the first block's parent being the request's cache salt. A new request looks its
   blocks up in order and reuses the longest run of hits, verified token by token.
 """
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Sequence
 
 from server.engine.free_blocks import PROTECTED_SHARE, FreeBlocks
@@ -35,8 +36,17 @@ def extend_block_keys(keys: list[int], token_ids: Sequence[int], block_size: int
     while len(keys) < count:
         i = len(keys)
         parent = keys[-1] if i else chain_root(cache_salt)
-        keys.append(hash((parent, tuple(token_ids[i * block_size:(i + 1) * block_size]))))
+        keys.append(block_key(parent, token_ids[i * block_size:(i + 1) * block_size]))
     return keys[:count]
+
+
+def block_key(parent: int, tokens: Sequence[int]) -> int:
+    """One link of the chain: a 64-bit BLAKE2b of the parent's key and the block's token ids. Python's own
+    tuple hash is not a safe key here: its collisions can be built (one parent key and another 2^61 - 1
+    apart collide), and a hit is verified against the block's own tokens, not its parents', so a crafted
+    prompt could be served another context's KV entries."""
+    data = parent.to_bytes(8, "little", signed=True) + array("q", tokens).tobytes()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
 class BlockManager:

@@ -321,19 +321,22 @@ class Engine:
             self.drafter.draft_all(self.scheduler.running)  # the schedule fits what it can
         sched = self.scheduler.schedule()
         events = [(req, self.outputs.end(req, FINISH_ABORT)) for req in sched.aborted]
-        if sched.num_tokens:
-            try:
-                began = time.perf_counter()
-                result = self.runner.run(sched)
-                seconds = time.perf_counter() - began
-                self.budget.observe(sched.work, seconds)
-                self.step_stats.observe(sched.work, seconds)
-                self.kernel_spin.observe(seconds, len(sched.num_tokens))
-            except Exception:
-                log.exception("batched step failed; rerunning its requests one by one")
-                result = execute_one_by_one(self.runner, sched, lambda req, error: self._fail(req, error, events))
-            self._update(sched, result, events)
-        self._deliver(events)
+        try:  # what this step produced reaches its sinks even if a later part fails (`_run` ends the rest)
+            if sched.num_tokens:
+                try:
+                    began = time.perf_counter()
+                    result = self.runner.run(sched)
+                    seconds = time.perf_counter() - began
+                except Exception:
+                    log.exception("batched step failed; rerunning its requests one by one")
+                    result = execute_one_by_one(self.runner, sched, lambda req, error: self._fail(req, error, events))
+                else:
+                    self.budget.observe(sched.work, seconds)
+                    self.step_stats.observe(sched.work, seconds)
+                    self.kernel_spin.observe(seconds, len(sched.num_tokens))
+                self._update(sched, result, events)
+        finally:
+            self._deliver(events)
         return sched
 
     def _update(self, sched: SchedulerOutput, result: StepResult, events: list) -> None:

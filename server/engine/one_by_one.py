@@ -17,8 +17,11 @@ def execute_one_by_one(runner: ModelRunner, sched: SchedulerOutput,
     merged = StepResult([], {})
     for req, n in sched.num_tokens.items():
         try:
+            # admitted again if penalized: its history is rebuilt from its tokens, which the failed run
+            # may already have added its pick to
+            readmit = req in sched.admitted or req.params.penalized
             result = runner.run(SchedulerOutput(
-                num_tokens={req: n}, admitted=[req] if req in sched.admitted else [],
+                num_tokens={req: n}, admitted=[req] if readmit else [],
                 drafts={req: sched.drafts[req]} if req in sched.drafts else {}))
         except Exception as e:
             fail(req, f"{type(e).__name__}: {e}")

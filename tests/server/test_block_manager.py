@@ -204,3 +204,14 @@ def test_a_request_hitting_its_own_blocks_after_preemption_does_not_protect_them
     bm.release(b)
     assert set(own) <= set(bm.free.protected)
     bm.check_invariants()
+
+
+def test_block_keys_do_not_collide_where_pythons_tuple_hash_does():
+    """Parent keys 2^61 - 1 apart hash alike inside a tuple (Python reduces ints modulo 2^61 - 1), and a hit
+    is verified against its block's own tokens only: the chain must not inherit that collision."""
+    from server.engine.block_manager import NO_SALT, block_key
+    tokens = tuple(range(16))
+    twin = NO_SALT - (2**61 - 1)
+    assert hash((NO_SALT, tokens)) == hash((twin, tokens))  # the collision the chain must not have
+    assert block_key(NO_SALT, tokens) != block_key(twin, tokens)
+    assert block_key(NO_SALT, tokens) == block_key(NO_SALT, list(tokens))  # a key depends on values alone

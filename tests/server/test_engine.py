@@ -212,11 +212,14 @@ def test_a_failing_request_fails_alone(engine, tiny_tokenizer, monkeypatch):
     assert engine.num_running == 0 and engine.kv_cache_usage == 0
 
 
-def test_a_batch_rerun_one_by_one_samples_what_the_batch_would_have(engine, tiny_tokenizer, monkeypatch):
+@pytest.mark.parametrize("params", [SamplingParams(max_new_tokens=8, temperature=1.0, seed=99),
+                                    SamplingParams(max_new_tokens=12, temperature=0, frequency_penalty=1.5)],
+                         ids=["seeded", "penalized"])
+def test_a_batch_rerun_one_by_one_samples_what_the_batch_would_have(engine, tiny_tokenizer, monkeypatch, params):
     """After a failed batched step, each request is run alone; a seeded request's output must not change
-    (with per-request random generators, the rerun would draw again from advanced ones)."""
+    (with per-request random generators, the rerun would draw again from advanced ones), nor a penalized
+    one's (the failed run had already added its pick to the request's history)."""
     p = tiny_tokenizer.encode("the question")
-    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=99)
     alone = token_ids(engine.generate(p, params, timeout=60))
     real_execute, calls = model_runner.ModelRunner.run, []
 
