@@ -1,0 +1,68 @@
+"""`python -m server.cluster`'s flags and the Serve config files, as settings and Serve options (no Ray
+started: the flags are checked before Ray starts, and the options are what `build_app` hands Serve)."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray.serve")
+
+from bench.tiny_checkpoint import main as make_tiny_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cluster_config") / "tiny"
+    make_tiny_checkpoint([str(path)])
+    return path
+
+
+def test_the_serve_config_files_deploy_the_same_application_with_autoscaling_from_flags(tmp_path):
+    import yaml
+    from pathlib import Path
+    from server.cluster.app import app_builder, argv_of, replica_options
+    from server.cluster.__main__ import parse_args, settings_from
+    root = Path(__file__).resolve().parents[2]
+    for name in ("serve_config.yaml", "rayservice.yaml"):
+        doc = yaml.safe_load((root / "docs/cluster" / name).read_text())
+        config = yaml.safe_load(doc["spec"]["serveConfigV2"]) if "spec" in doc else doc
+        (app,) = config["applications"]
+        assert app["import_path"] == "server.cluster.app:app_builder"
+        args = parse_args([f"--{k.replace('_', '-')}={v}" for k, v in app["args"].items()])
+        assert args.router in ("kv", "pow2", "round-robin")
+    s = settings_from(parse_args(["--checkpoint", str(tmp_path), "--replicas", "3", "--min-replicas", "2",
+                                  "--max-replicas", "6", "--target-ongoing-requests", "5", "--router", "kv",
+                                  "--kv-cache-memory", "64MiB"]))
+    opts = replica_options(s)
+    auto = opts["autoscaling_config"]
+    assert (auto.min_replicas, auto.max_replicas, auto.initial_replicas, auto.target_ongoing_requests) == (2, 6, 3, 5)
+    assert "num_replicas" not in opts and s.engine.kv_cache_memory == 64 * 2**20
+    assert opts["request_router_config"].request_router_kwargs["policy"] == "kv"
+    assert "request_router_config" not in replica_options(settings_from(parse_args(["--router", "pow2"])))
+    assert app_builder({"checkpoint": str(tmp_path), "replicas": 2}) is not None
+    # a config's lists, nulls and switches as the command line takes them
+    s = settings_from(parse_args(argv_of({"checkpoint": str(tmp_path), "served_model_name": ["a", "b"],
+                                          "cors_origin": ["http://x", "http://y"], "max_replicas": None,
+                                          "speculative": "ngram", "serve_proxy": False})))
+    assert (s.model_name, s.cors_origins, s.max_replicas) == (["a", "b"], ("http://x", "http://y"), None)
+
+
+def test_the_cli_forwards_the_engine_flags_and_checks_them_before_ray_starts(checkpoint, capsys):
+    from server.cluster.__main__ import main, parse_args, settings_from
+    from server.cluster.app import replica_options
+    s = settings_from(parse_args(["--checkpoint", str(checkpoint), "--quantization", "int8", "--target-step-ms", "20",
+                                  "--speculative", "ngram", "--num-speculative-tokens", "3", "--prompt-lookup-min", "2",
+                                  "--prompt-lookup-max", "3", "--kv-cache-dtype", "bfloat16", "--max-waiting", "7",
+                                  "--served-model-name", "a", "b", "--max-new-tokens", "50",
+                                  "--shutdown-grace", "12"]))
+    e = s.engine
+    assert (e.quantization, e.target_step_ms, e.speculative, e.num_speculative_tokens, e.prompt_lookup_min,
+            e.prompt_lookup_max, e.kv_cache_dtype, e.max_waiting) == ("int8", 20.0, "ngram", 3, 2, 3, "bfloat16", 7)
+    assert s.model_name == ["a", "b"] and s.limits.max_new_tokens == 50
+    # --shutdown-grace: the ingress's drain and Serve's wait for a stopping replica's requests
+    assert s.shutdown_grace == 12 and replica_options(s)["graceful_shutdown_timeout_s"] == 12
+    # refused as `python -m server` refuses them (exit 2, one line), before any Ray process starts
+    assert main(["--checkpoint", str(checkpoint.parent / "missing")]) == 2
+    assert "not a complete checkpoint" in capsys.readouterr().err
+    assert main(["--checkpoint", str(checkpoint), "--kv-cache-memory", "1KiB"]) == 2
+    assert "kv-cache-memory" in capsys.readouterr().err.replace("_", "-")
+    assert main(["--checkpoint", str(checkpoint), "--prompt-lookup-min", "5", "--prompt-lookup-max", "2"]) == 2
