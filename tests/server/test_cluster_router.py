@@ -173,3 +173,48 @@ def test_the_routing_benchmark_reports_the_ttft_of_hits_and_of_misses_apart():
     assert (summary["ttft_hit_p50_ms"], summary["ttft_miss_p50_ms"]) == (20.0, 70.0)
     run["requests"] = [request(0.010, 256)]
     assert (_summary(run)["requests_hitting"], _summary(run)["ttft_miss_p50_ms"]) == (1.0, None)
+
+
+def test_the_ray_adapter_counts_a_taken_request_down_by_its_result_whichever_report_comes_first():
+    """Serve reports a request taken (`on_request_routed`) after its replica accepted it, and on its actor
+    transport the request may have finished by then: the result's own callback, which fires at once for a
+    finished result, counts it down either way."""
+    pytest.importorskip("ray.serve")
+    import asyncio
+
+    from ray.serve._private.common import DeploymentID, ReplicaID, RequestMetadata
+    from ray.serve.request_router import PendingRequest
+
+    from server.cluster.protocol import Submission
+    from server.cluster.ray_router import KVCacheRequestRouter
+
+    class Result:  # what Serve hands the hook: done now, or later
+        def __init__(self, done: bool) -> None:
+            self.done, self.callbacks = done, []
+
+        def add_done_callback(self, callback) -> None:
+            callback(self) if self.done else self.callbacks.append(callback)
+
+    async def scenario(done_first: bool) -> list[int]:
+        adapter = object.__new__(KVCacheRequestRouter)  # the hooks under test, without a Serve deployment
+        deployment = DeploymentID(name="EngineReplica", app_name="test")
+        adapter._deployment_id = deployment
+        adapter.initialize_state(policy="kv", block_size=BS)
+        core = adapter.router
+        core.set_replicas(["r0", "r1"])
+        sub = Submission(["call-1"], _prompt(1, 0), [SamplingParams(max_new_tokens=1)], True, None, True)
+        decision = core.choose(sub.prompt_ids)
+        core.hold("call-1", decision)
+        other = next(rid for rid in core.replicas if rid != decision.replica_id)  # Serve sent it elsewhere
+        pending = PendingRequest(args=[sub], kwargs={}, metadata=RequestMetadata("r", "internal-1"))
+        result = Result(done=done_first)
+        adapter.on_request_completed(ReplicaID(other, deployment), "internal-1")  # Serve's report, first
+        adapter.on_request_routed(pending, ReplicaID(other, deployment), result)
+        counts = [core.replicas[decision.replica_id].inflight, core.replicas[other].inflight]
+        for callback in result.callbacks:
+            callback(result)
+        core.release("call-1")  # the call ends
+        return counts + [core.replicas[other].inflight, core.decisions[("kv", "redirect")]]
+
+    assert asyncio.run(scenario(done_first=True)) == [0, 0, 0, 1]
+    assert asyncio.run(scenario(done_first=False)) == [0, 1, 0, 1]
