@@ -68,8 +68,8 @@ def _logprobs(engine: Engine, outs: list[TokenOutput], top: int) -> ChatChoiceLo
     def entry(token_id: int, text: str, logprob: float) -> dict:
         return dict(token=text, logprob=logprob, bytes=list(engine.tokenizer.token_bytes(token_id)))
 
-    return ChatChoiceLogprobs(content=[ChatTokenLogprob(
-        **entry(o.token_id, o.text, o.logprob),
+    return ChatChoiceLogprobs(content=[ChatTokenLogprob(  # each token by its own text, as its bytes are
+        **entry(o.token_id, engine.tokenizer.decode([o.token_id]), o.logprob),
         top_logprobs=[ChatLogprob(**entry(t, engine.tokenizer.decode([t]), lp)) for t, lp in (o.top_logprobs or [])]
         if top else []) for o in outs])
 
@@ -107,6 +107,7 @@ async def _chat_events(engine: Engine, events: AsyncIterator[tuple[int, TokenOut
 
     started = [False] * body.n
     choices: list[list[TokenOutput]] = [[] for _ in range(body.n)]
+    held: list[list[TokenOutput]] = [[] for _ in range(body.n)]  # tokens whose text is held back, per choice
     async for k, out in events:
         choices[k].append(out)
         generated[k] += out.token_id is not None
@@ -119,10 +120,12 @@ async def _chat_events(engine: Engine, events: AsyncIterator[tuple[int, TokenOut
         if not started[k]:  # OpenAI's first delta of a choice names the role
             started[k] = True
             yield chunk(index=k, delta=ChatDelta(role="assistant", content=""))
-        if out.text or out.finished:
-            logprobs = _logprobs(engine, [out], body.top_logprobs or 0) if body.logprobs else None
+        held[k].append(out)
+        if out.text or out.finished:  # the chunk carries the logprobs of every token since the last one
+            logprobs = _logprobs(engine, held[k], body.top_logprobs or 0) if body.logprobs else None
             yield chunk(index=k, delta=ChatDelta(content=out.text), logprobs=logprobs,
                         finish_reason=OPENAI_FINISH.get(out.finish_reason))
+            held[k] = []
     if any(c and c[-1].finish_reason not in OPENAI_FINISH for c in choices):
         return  # cancelled
     if body.include_usage:

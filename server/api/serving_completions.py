@@ -74,7 +74,9 @@ class LogprobsBuilder:
                                   text_offset=_offsets(tokens, 0))
 
     def generated(self, outs: list[TokenOutput], offset: int) -> CompletionLogprobs:
-        tokens = [o.text for o in outs]
+        """Generated tokens, each by its own text (as vLLM gives it: not the text it released, which is
+        empty while a stop string or a split character holds it back, and several tokens' at once after)."""
+        tokens = [self.decode([o.token_id]) for o in outs]
         return CompletionLogprobs(tokens=tokens, token_logprobs=[o.logprob for o in outs],
                                   top_logprobs=None if self.top is None else
                                   [self._top(o.top_logprobs, o.token_id, o.logprob) for o in outs],
@@ -164,6 +166,7 @@ async def _completion_events(events: AsyncIterator[tuple[int, TokenOutput]], hea
     echoed = [False] * len(offsets)
     choices: list[list[TokenOutput]] = [[] for _ in offsets]
     generated = [0] * len(offsets)
+    held: list[list[TokenOutput]] = [[] for _ in offsets]  # tokens whose text is held back, per choice
 
     def chunk(choice: CompletionChoice) -> str:  # with continuous_usage_stats, the choice's usage so far
         k = choice.index
@@ -184,11 +187,13 @@ async def _completion_events(events: AsyncIterator[tuple[int, TokenOutput]], hea
             if out.finish_reason in OPENAI_FINISH:  # a scored prompt: nothing generated
                 yield chunk(CompletionChoice(index=k, text="", finish_reason=OPENAI_FINISH[out.finish_reason]))
             continue
-        if out.text or out.finished:
-            logprobs = builder.generated([out], offsets[k]) if body.logprobs is not None else None
+        held[k].append(out)
+        if out.text or out.finished:  # the chunk carries the logprobs of every token since the last one
+            logprobs = builder.generated(held[k], offsets[k]) if body.logprobs is not None else None
             yield chunk(CompletionChoice(index=k, text=out.text, logprobs=logprobs,
                                          finish_reason=OPENAI_FINISH.get(out.finish_reason)))
             offsets[k] += len(out.text)
+            held[k] = []
     if any(c and c[-1].finish_reason not in OPENAI_FINISH for c in choices):
         return  # cancelled
     if body.include_usage:

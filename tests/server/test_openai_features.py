@@ -108,6 +108,25 @@ def test_logprobs_give_the_top_alternatives_of_each_token(client):
     assert any(len(top) == 2 for top in sampled.top_logprobs), "temperature 2 never sampled past the likeliest"
 
 
+def test_logprobs_name_each_token_by_its_own_text_and_a_stream_carries_one_per_token(client, live):
+    """A stop string that could begin at a token's last character holds that token's text back, and the
+    next's: the logprobs still name every token by its own text (as vLLM does), streamed or not, one entry
+    per generated token."""
+    details = httpx.post(live.url + "/generate", timeout=60, json={"inputs": PROMPT, "parameters": {
+        "max_new_tokens": 12, "details": True}}).json()["details"]["tokens"]
+    own = [live.engine.tokenizer.decode([t["id"]]) for t in details]
+    i = next(i for i in range(len(own) - 2) if own[i].strip() and own[i + 1].strip() and "\ufffd" not in own[i] + own[i + 1])
+    stop = own[i][-1] + own[i + 1] + "\u2603 never"  # a prefix of it at tokens i and i + 1; never matched
+    base = dict(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, logprobs=0, stop=[stop])
+    plain = client.completions.create(**base).choices[0].logprobs
+    assert plain.tokens == own
+    streamed = [c.choices[0].logprobs for c in client.completions.create(**base, stream=True)
+                if c.choices and c.choices[0].logprobs is not None]
+    assert len(streamed) < len(own), "no token's text was held back: the test proves nothing"
+    assert [t for lp in streamed for t in lp.tokens] == own
+    assert [x for lp in streamed for x in lp.token_logprobs] == plain.token_logprobs
+
+
 def chosen_in_top(token: str, logprob: float, top: dict[str, float]) -> bool:
     """The chosen token's logprob is among `top`'s (keyed by each id's own text), or, for a token that is
     part of one character (its text in `tokens` held back, or holding '\ufffd'), the key '\ufffd' that it
