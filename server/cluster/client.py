@@ -23,8 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from model.checkpoint import load_tokenizer
-from model.config import GPTConfig
-from model.config import PromptError
+from model.config import GPTConfig, PromptError
 from model.generate import check_prompt
 from model.sampling import SamplingParams
 from server.cluster.protocol import Submission

@@ -239,8 +239,9 @@ class Router:
     def release(self, call_id: str) -> None:
         """The call ended: if no replica ever took it (cancelled while Serve queued it, refused), its
         decision counts nowhere any more."""
-        self._released[call_id] = self._clock()
-        decision = self.unsent.pop(call_id, None)
+        with self._lock:  # beside `_expire`'s pruning, which may run on the routing thread
+            self._released[call_id] = self._clock()
+            decision = self.unsent.pop(call_id, None)
         if decision is not None:
             self.unrouted(decision)
 
@@ -269,7 +270,8 @@ class Router:
     def _expire(self, now: float) -> None:
         if now - self._last_expiry > self.pending_ttl:
             self._last_expiry = now
-            self._released = {c: t for c, t in self._released.items() if now - t <= self.pending_ttl}
+            with self._lock:
+                self._released = {c: t for c, t in self._released.items() if now - t <= self.pending_ttl}
             for state in self.replicas.values():
                 state.expire(now, self.pending_ttl)
 
