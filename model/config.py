@@ -19,6 +19,11 @@ class PromptError(ValueError):
     """A prompt the model cannot run."""
 
 
+class ContextLengthError(PromptError):
+    """A prompt that, with the tokens asked for, does not fit the model's context (OpenAI's
+    context_length_exceeded, which clients catch to trim a conversation)."""
+
+
 def check_prompt(prompt_ids: list[int], max_new_tokens: int, context: int, vocab_size: int) -> None:
     """What the model can run: a non-empty prompt of ids in its vocabulary that, with the tokens to
     generate, fits the context. The one check of a prompt; the engine and generate() call it."""
@@ -28,11 +33,12 @@ def check_prompt(prompt_ids: list[int], max_new_tokens: int, context: int, vocab
     if bad:
         raise PromptError(f"token ids out of range [0, {vocab_size}): {bad[:5]}")
     if len(prompt_ids) >= context:
-        raise PromptError(f"the prompt has {len(prompt_ids)} tokens; the context holds {context}, "
-                          "so it must be shorter than that")
+        raise ContextLengthError(f"the prompt has {len(prompt_ids)} tokens; the context holds {context}, "
+                                 f"so it must be shorter than that (the model's maximum context length is "
+                                 f"{context} tokens)")
     if len(prompt_ids) + max_new_tokens > context:
-        raise PromptError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "
-                          f"exceeds the context of {context} tokens")
+        raise ContextLengthError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "
+                                 f"exceeds the context of {context} tokens (the model's maximum context length)")
 
 
 @dataclass(frozen=True)

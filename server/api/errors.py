@@ -22,10 +22,25 @@ def is_openai_path(path: str) -> bool:
     return path.startswith("/v1/") or path in VLLM_ROUTES
 
 
-def error_body(status: int, message: str, error_type: str, openai: bool) -> dict:
-    """TGI's {"error": message, "error_type": type}, or OpenAI's {"error": {"message", "type", "param", "code"}}."""
+def openai_status(status: int) -> int:
+    """OpenAI (and vLLM) answer a request they cannot take with 400, which OpenAI's SDKs raise as
+    BadRequestError, the class clients catch (a context overflow among them); TGI answers 422."""
+    return 400 if status == 422 else status
+
+
+def openai_type(status: int) -> str:
+    """OpenAI's error `type` for a status: its clients branch on it, and on `code`, not on the message."""
+    if status == 429:
+        return "rate_limit_error"
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def error_body(status: int, message: str, error_type: str, openai: bool, code: str | None = None) -> dict:
+    """TGI's {"error": message, "error_type": type}, or OpenAI's {"error": {"message", "type", "param", "code"}}:
+    there `type` is OpenAI's class of the error, `code` OpenAI's own code where it has one
+    (context_length_exceeded, model_not_found, invalid_api_key), else this server's `error_type`."""
     if openai:
-        return {"error": {"message": message, "type": error_type, "param": None, "code": status}}
+        return {"error": {"message": message, "type": openai_type(status), "param": None, "code": code or error_type}}
     return {"error": message, "error_type": error_type}
 
 
@@ -34,15 +49,16 @@ class APIError(Exception):
     counts it in /metrics as a refusal (kvserve:request_rejected_total{reason=...})."""
 
     def __init__(self, status: int, message: str, error_type: str, headers: dict[str, str] | None = None,
-                 reason: str | None = None):
+                 reason: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.error_type, self.headers = status, message, error_type, headers
-        self.reason = reason
+        self.reason, self.code = reason, code  # code: OpenAI's name for this error, where it has one
 
     def response(self, openai: bool = False) -> JSONResponse:
         """TGI's {"error": message, "error_type": type}, or with `openai` OpenAI's
-        {"error": {"message", "type", "param", "code"}}, which its clients show."""
-        return JSONResponse(error_body(self.status, self.message, self.error_type, openai), status_code=self.status,
+        {"error": {"message", "type", "param", "code"}} and status (400 for TGI's 422), which its clients read."""
+        status = openai_status(self.status) if openai else self.status
+        return JSONResponse(error_body(status, self.message, self.error_type, openai, self.code), status_code=status,
                             headers=self.headers)
 
     @classmethod

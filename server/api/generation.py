@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from fastapi import Request
 
-from model.config import PromptError
+from model.config import ContextLengthError, PromptError
 from model.sampling import SamplingParams
 from server.api.errors import APIError
 from server.api.metrics import Metrics
@@ -136,8 +136,9 @@ class Generation:
     def _refusal(self, e: PromptError | QueueFullError | EngineStoppedError) -> APIError:
         """A request the engine did not take, as its HTTP status."""
         if isinstance(e, PromptError):
+            overflow = isinstance(e, ContextLengthError)
             return APIError(422, str(e).replace("max_new_tokens", self.max_tokens_field), "validation",
-                            reason="context_length")
+                            reason="context_length", code="context_length_exceeded" if overflow else None)
         if isinstance(e, QueueFullError):
             return APIError(429, str(e), "overloaded", headers={"Retry-After": "1"}, reason="queue_full")
         return APIError(503, str(e), "unavailable", headers={"Retry-After": "5"}, reason="shutting_down")

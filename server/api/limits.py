@@ -41,7 +41,8 @@ class Limits:
         """--max-input-tokens only: what the model itself can run is checked by the engine (check_prompt)."""
         if self.max_input_tokens is not None and prompt_len > self.max_input_tokens:
             raise APIError(422, f"the prompt has {prompt_len} tokens; this server takes at most "
-                           f"{self.max_input_tokens} (--max-input-tokens)", "validation", reason="prompt_too_long")
+                           f"{self.max_input_tokens} (--max-input-tokens)", "validation", reason="prompt_too_long",
+                           code="context_length_exceeded")
 
     def check_new_tokens(self, max_new_tokens: int, field: str) -> None:
         if self.max_new_tokens is not None and max_new_tokens > self.max_new_tokens:

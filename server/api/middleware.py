@@ -18,8 +18,8 @@ DRAIN_LIMIT = 64 * 2**20  # bytes of a refused body read and dropped so that the
 
 
 async def send_error(scope: Scope, send: Send, status: int, message: str, error_type: str,
-                     headers: dict[str, str] | None = None) -> None:
-    body = json.dumps(error_body(status, message, error_type, is_openai_path(route_path(scope)))).encode()
+                     headers: dict[str, str] | None = None, code: str | None = None) -> None:
+    body = json.dumps(error_body(status, message, error_type, is_openai_path(route_path(scope)), code)).encode()
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
@@ -54,7 +54,7 @@ class BearerAuth:
             return
         self.on_reject("unauthorized")
         await send_error(scope, send, 401, "a valid API key is needed: send the header 'Authorization: Bearer <key>'",
-                         "unauthorized", headers={"WWW-Authenticate": "Bearer"})
+                         "unauthorized", headers={"WWW-Authenticate": "Bearer"}, code="invalid_api_key")
 
     def _authorized(self, scope: Scope) -> bool:
         scheme, _, token = (_header(scope, b"authorization") or b"").partition(b" ")

@@ -36,4 +36,5 @@ class ServedNames:
         if requested is None or requested in self.names or requested in PLACEHOLDER_NAMES:
             return
         served = ", ".join(repr(n) for n in self.names)
-        raise APIError(404, f"model {requested!r} does not exist; this server serves {served}", "not_found")
+        raise APIError(404, f"model {requested!r} does not exist; this server serves {served}", "not_found",
+                       code="model_not_found")

@@ -3,6 +3,7 @@ its route's error shape, and the content types of streams (text/event-stream) an
 text). FastAPI's own guess (a JSON 200, and a 422 in a shape this server never sends) is replaced."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import FastAPI
@@ -11,6 +12,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from server.api.errors import is_openai_path, openai_status
 from server.api.metrics import Metrics
 from server.api.protocol import ErrorResponse, StreamResponse
 from server.api.protocol_openai import ChatCompletionChunk, CompletionResponse
@@ -20,9 +22,10 @@ EVENT_STREAM = "text/event-stream"
 
 class OpenAIErrorBody(BaseModel):
     message: str
-    type: str  # validation, not_found, invalid_request, overloaded, unavailable, timeout, unauthorized, ...
+    type: str  # OpenAI's: invalid_request_error, rate_limit_error or server_error
     param: str | None = None
-    code: int  # the HTTP status
+    code: str  # OpenAI's code where it has one (context_length_exceeded, model_not_found, invalid_api_key), else
+    # this server's kind of error: validation, overloaded, unavailable, timeout, ...
 
 
 class OpenAIErrorResponse(BaseModel):
@@ -56,10 +59,16 @@ def errors(*statuses: int, openai: bool, json_route: bool = True) -> dict[int | 
     """`responses=` entries for these statuses, in the route's error shape (JSON). On a route whose 200 is
     not JSON (`json_route` false), the schema is named outright, as FastAPI would give it the 200's type."""
     model = OpenAIErrorResponse if openai else ErrorResponse
+    if openai:  # OpenAI's 400 covers what TGI answers with 422
+        statuses = tuple(sorted({openai_status(status) for status in statuses}))
     if json_route:
-        return {status: {"model": model, "description": WHY[status]} for status in statuses}
+        return {status: {"model": model, "description": _why(status, openai)} for status in statuses}
     content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}
-    return {status: {"content": content, "description": WHY[status]} for status in statuses}
+    return {status: {"content": content, "description": _why(status, openai)} for status in statuses}
+
+
+def _why(status: int, openai: bool) -> str:
+    return f"{WHY[400]}; {WHY[422]}" if openai and status == 400 else WHY[status]
 
 
 EVENT_MODELS = (StreamResponse, CompletionResponse, ChatCompletionChunk, ErrorResponse, OpenAIErrorResponse)
@@ -97,11 +106,18 @@ def event_stream(event: type[BaseModel], openai: bool, also_json: type[BaseModel
 
 def with_event_schemas(app: FastAPI) -> None:
     """The app's /openapi.json also defines the event models the streams refer to (no route returns them
-    as JSON, so FastAPI would leave them out)."""
+    as JSON, so FastAPI would leave them out), and OpenAI's routes declare no 422."""
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description,
                                  routes=app.routes)
+            for path, operations in schema.get("paths", {}).items():  # FastAPI's own 422, which OpenAI's routes
+                if is_openai_path(path):                               # never answer (their 400 says it)
+                    for operation in operations.values():
+                        operation.get("responses", {}).pop("422", None)
+            if "HTTPValidationError" not in json.dumps(schema["paths"]):  # FastAPI's shape, now referred to by none
+                for name in ("HTTPValidationError", "ValidationError"):
+                    schema.get("components", {}).get("schemas", {}).pop(name, None)
             _, defs = models_json_schema([(m, "serialization") for m in EVENT_MODELS],
                                          ref_template="#/components/schemas/{model}")
             components = schema.setdefault("components", {}).setdefault("schemas", {})

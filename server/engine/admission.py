@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from model.config import PromptError, check_prompt
+from model.config import ContextLengthError, check_prompt
 from server.engine.block_manager import BlockManager
 from server.engine.request import Request
 
@@ -27,15 +27,16 @@ AGEING_S = 1.0  # seconds since arrival after which a prompt goes first, whateve
 def check_fits(prompt_ids: list[int], max_new_tokens: int, blocks: BlockManager, context: int, vocab_size: int,
                copies: int = 1) -> None:
     """Raises PromptError unless the prompt fits the context and, with `copies` requests sharing its
-    blocks (each generating up to `max_new_tokens`), the KV cache."""
+    blocks (each generating up to `max_new_tokens`), the KV cache (ContextLengthError: the KV cache is this
+    server's context, and a shorter prompt or fewer tokens would fit)."""
     check_prompt(prompt_ids, max_new_tokens, context, vocab_size)
     prompt_blocks = blocks.blocks_for(len(prompt_ids))
     own = blocks.blocks_for(len(prompt_ids) + max_new_tokens) - prompt_blocks + 1  # + the last one
     needed = prompt_blocks + copies * own - (1 if copies else 0)
     if needed > blocks.num_blocks:
         many = f"{copies} copies of " if copies > 1 else ""
-        raise PromptError(f"{many}prompt + max_new_tokens need {needed} KV-cache blocks; the cache has "
-                          f"{blocks.num_blocks} (--kv-cache-memory)")
+        raise ContextLengthError(f"{many}prompt + max_new_tokens need {needed} KV-cache blocks; the cache has "
+                                 f"{blocks.num_blocks} (--kv-cache-memory)")
 
 
 def is_aged(req: Request, now: float) -> bool:

@@ -57,27 +57,29 @@ def test_invalid_json_and_nan_are_422(live):
         assert message in r.json()["error"], r.text
 
 
-@pytest.mark.parametrize("body,status,message", [
-    ({"model": "gpt-4", "prompt": "x"}, 404, "model 'gpt-4' does not exist"),
-    ({"prompt": "x", "n": 17}, 422, "n (17) is above this server's limit of 16 (--max-n)"),
-    ({"prompt": "x", "logprobs": 21}, 422, "logprobs (21) is above this server's limit of 20 (--max-logprobs)"),
-    ({"prompt": "x", "best_of": 1, "n": 2}, 422, "best_of (1) must be at least n (2)"),
-    ({"prompt": "x", "best_of": 3, "stream": True}, 422, "best_of > n cannot be streamed"),
-    ({"prompt": "x", "logit_bias": {"abc": 1}}, 422, "logit_bias: 'abc' is not a token id"),
-    ({"prompt": "x", "logit_bias": {"99999": 1}}, 422, "logit_bias: '99999' is not a token id"),
-    ({"prompt": "x", "logit_bias": {"3": 101}}, 422, "Input should be less than or equal to 100"),
-    ({"prompt": []}, 422, "prompt"),
-    ({"prompt": [1, 2, 99999]}, 422, "token ids out of range"),
-    ({"prompt": "x", "max_tokens": 0}, 422, "max_tokens 0 needs echo: true"),
-    ({"model": "tiny", "prompt": "x", "max_tokens": 500}, 422, "max_tokens (500) exceeds the context of 128"),
-    ({"model": "tiny", "prompt": "x", "temperature": 3}, 422, "temperature: Input should be less than or equal to 2"),
-    ({"model": "tiny", "prompt": "x", "presence_penalty": 2.5}, 422, "presence_penalty: Input should be less than"),
-    ({"model": "tiny", "prompt": "x", "suffix": "y"}, 422, "suffix='y' is not supported"),
+@pytest.mark.parametrize("body,status,code,message", [
+    ({"model": "gpt-4", "prompt": "x"}, 404, "model_not_found", "model 'gpt-4' does not exist"),
+    ({"prompt": "x", "n": 17}, 400, "validation", "n (17) is above this server's limit of 16 (--max-n)"),
+    ({"prompt": "x", "logprobs": 21}, 400, "validation", "logprobs (21) is above this server's limit of 20 (--max-logprobs)"),
+    ({"prompt": "x", "best_of": 1, "n": 2}, 400, "validation", "best_of (1) must be at least n (2)"),
+    ({"prompt": "x", "best_of": 3, "stream": True}, 400, "validation", "best_of > n cannot be streamed"),
+    ({"prompt": "x", "logit_bias": {"abc": 1}}, 400, "validation", "logit_bias: 'abc' is not a token id"),
+    ({"prompt": "x", "logit_bias": {"99999": 1}}, 400, "validation", "logit_bias: '99999' is not a token id"),
+    ({"prompt": "x", "logit_bias": {"3": 101}}, 400, "validation", "Input should be less than or equal to 100"),
+    ({"prompt": []}, 400, "validation", "prompt"),
+    ({"prompt": [1, 2, 99999]}, 400, "validation", "token ids out of range"),
+    ({"prompt": "x", "max_tokens": 0}, 400, "validation", "max_tokens 0 needs echo: true"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": 500}, 400, "context_length_exceeded", "max_tokens (500) exceeds the context of 128"),
+    ({"model": "tiny", "prompt": "x", "temperature": 3}, 400, "validation", "temperature: Input should be less than or equal to 2"),
+    ({"model": "tiny", "prompt": "x", "presence_penalty": 2.5}, 400, "validation", "presence_penalty: Input should be less than"),
+    ({"model": "tiny", "prompt": "x", "suffix": "y"}, 400, "validation", "suffix='y' is not supported"),
 ])
-def test_bad_completion_input_gets_its_4xx_in_openais_shape(live, body, status, message):
+def test_bad_completion_input_gets_its_4xx_in_openais_shape(live, body, status, code, message):
+    """OpenAI's status (400 where TGI's routes answer 422), `type` and `code`, which its clients branch on."""
     r = httpx.post(live.url + "/v1/completions", json=body, timeout=30)
     error = r.json()["error"]
-    assert r.status_code == status and message in error["message"] and error["code"] == status, r.text
+    assert r.status_code == status and message in error["message"], r.text
+    assert (error["type"], error["code"]) == ("invalid_request_error", code), r.text
 
 
 def test_unknown_route_answers_in_the_error_shape(live):

@@ -212,6 +212,18 @@ def test_chat_completions_answers_400_without_a_chat_template(client):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
 
 
+def test_openais_sdk_sees_a_context_overflow_as_openai_reports_one(client):
+    """Clients trim a conversation on BadRequestError with code context_length_exceeded (LangChain, LiteLLM)."""
+    from openai import BadRequestError
+    with pytest.raises(BadRequestError) as overflow:
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=1000)
+    assert overflow.value.status_code == 400 and overflow.value.code == "context_length_exceeded"
+    assert overflow.value.type == "invalid_request_error" and "maximum context length" in overflow.value.message
+    with pytest.raises(BadRequestError) as out_of_range:  # any other bad field: the same class, its own code
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=3)
+    assert out_of_range.value.code == "validation" and "temperature" in out_of_range.value.message
+
+
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% endif %}")
 
