@@ -89,7 +89,24 @@ def _measure(args, module: str, flags: list[str], config: LoadTestConfig, prompt
             return [_vllm_bench(args, url, c, n, f"{log[:-4]}_c{c}")
                     for c, n in zip(config.concurrency, args.vllm_prompts)]
         report = asyncio.run(run_load_test(LoadTestConfig(**{**config.__dict__, "url": url}), prompts))
-    return [_summary(run) for run in report["runs"]]
+        routing = _routing_counts(url) if module == "server.cluster" else {}
+    return [_summary(run) | routing for run in report["runs"]]
+
+
+ROUTING_METRICS = ("kvserve:router_decisions_total", "kvserve:replica_prefix_cache_hits_total",
+                   "kvserve:replica_prefix_cache_queries_total")
+
+
+def _routing_counts(url: str) -> dict:
+    """The cluster's router decisions by outcome and each replica's prefix-cache counters, from its
+    /metrics as the run ends (all of a run's requests: the load tester's probe included)."""
+    text = httpx.get(url + "/metrics", timeout=30, trust_env=False).text
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(ROUTING_METRICS):
+            name, value = line.rsplit(" ", 1)
+            counts[name.removeprefix("kvserve:")] = float(value)
+    return {"routing_counts": counts}
 
 
 def _vllm_bench(args, url: str, concurrency: int, prompts: int, name: str) -> dict:
@@ -169,7 +186,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['requests_hitting']:.0%} hitting {_ms(r['ttft_hit_p50_ms'])}, of the rest "
                       f"{_ms(r['ttft_miss_p50_ms'])})  "
                       f"ITL p50 {r['itl_p50_ms']:.2f} ms  ok {r['ok']}  load {load:.1f}", flush=True)
-    medians = {name: [{key: _median_of([rnd[i][key] for rnd in rounds]) for key in rounds[0][i] if key != "label"}
+                if r.get("routing_counts"):
+                    print("   " + "  ".join(f"{k}={v:g}" for k, v in r["routing_counts"].items()), flush=True)
+    medians = {name: [{key: _median_of([rnd[i][key] for rnd in rounds]) for key in rounds[0][i]
+                       if key not in ("label", "routing_counts")}
                       | {"label": rounds[0][i]["label"]} for i in range(len(rounds[0]))]
                for name, rounds in results.items()}
     write_result(args.name or f"cluster_{args.which}", {"benchmark": f"cluster {args.which}", "client": args.client,

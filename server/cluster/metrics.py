@@ -29,8 +29,9 @@ def cluster_metrics(client: RayEngineClient, router: Router | None) -> str:
             lines.append(f'{PREFIX}{name}{{replica="{r.replica_id}"}} {float(value)}')
     name = PREFIX + "router_decisions_total"
     lines += [f"# HELP {name} Requests routed, by policy and outcome (hit: a cached prefix chose the replica; "
-              "miss: none was cached; fallback: the load imbalance chose the least loaded; redirect: Ray sent it "
-              "elsewhere; baseline: pow2 or round-robin).", f"# TYPE {name} counter"]
+              "miss: none was cached; fallback: the load imbalance chose the least loaded; rebalance: the prefix moved "
+              "off a replica whose reused prefixes overflow its cache; redirect: Ray sent it elsewhere; baseline: "
+              "pow2 or round-robin).", f"# TYPE {name} counter"]
     for (policy, outcome), count in sorted((router.decisions if router else {}).items()):
         lines.append(f'{name}{{policy="{policy}",outcome="{outcome}"}} {float(count)}')
     name = PREFIX + "router_requests_in_flight"

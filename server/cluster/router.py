@@ -6,9 +6,17 @@ the Ray Serve ingress and the routing simulator (`bench/routing_sim.py`) run the
 - The router computes a prompt's block keys with the block manager's own hash chain
   (`extend_block_keys`), and between reports remembers what it sent where: the keys of a request it
   routed count as held by that replica for `pending_ttl` seconds, until a report confirms them.
-- `kv`: the replica holding the longest prefix of the prompt, ties to the least loaded; when that
-  replica's load exceeds the least loaded one's by more than `imbalance_threshold` requests, the least
-  loaded instead (a fallback). A prompt none holds starts a new prefix: it goes, among the replicas
+- `kv`: the replica holding the longest prefix of the prompt; among replicas that hold as much and whose
+  loads are within half the threshold of the least loaded of them, the one this router sent that prefix
+  to most often lately (its home: a copy a fallback left elsewhere is used once and evicted first, where
+  sending the tenant's next requests there would keep two copies and crowd out that replica's own
+  tenants), then the least loaded. When the chosen replica's load exceeds the least loaded one's by
+  more than `imbalance_threshold` requests, the least loaded instead (a fallback). When the prefixes
+  sent to the chosen replica again and again lately need more than `OVERFLOW_MARGIN` of its blocks (more
+  tenants landed there than its cache holds, and they evict each other) and another replica has room
+  for this one, the prefix moves there for good (a rebalance: one miss, where staying misses again and
+  again).
+  A prompt none holds starts a new prefix: it goes, among the replicas
   within the threshold of the least loaded, to the one with the smallest recent working set (the
   distinct block keys routed to it lately, expired with the pending ones; a replica's reported cache is
   always full once it has run a while, so it says nothing), then the least loaded: tenants spread
@@ -32,6 +40,7 @@ POLICIES = ("kv", "pow2", "round-robin")
 ROUTERS: dict[str, Router] = {}  # this process's routers by deployment name (Ray Serve makes them; /metrics reads)
 DEFAULT_IMBALANCE_THRESHOLD = 4  # requests: past this gap in load, `kv` routes to the least loaded replica
 DEFAULT_PENDING_TTL = 30.0  # seconds a routed request's keys count as held before a report confirms them
+OVERFLOW_MARGIN = 0.9  # a replica whose reused prefixes take more of its blocks than this hands one over
 
 
 @dataclass
@@ -69,10 +78,12 @@ class Decision:
 
     replica_id: str  # the chosen replica
     policy: str  # kv, pow2 or round-robin
-    outcome: str  # 'hit' (a cached prefix won), 'miss' (none cached), 'fallback' (load won), 'baseline' (pow2, rr)
+    outcome: str  # 'hit' (a cached prefix won), 'miss' (none cached), 'fallback' (load won), 'rebalance' (the
+    # prefix moves off a replica its reused prefixes overflow), 'baseline' (pow2, rr)
     matched_blocks: int  # leading blocks of the prompt the chosen replica is believed to hold
     prompt_blocks: int  # full blocks in the prompt
     keys: list[int] = field(repr=False, default_factory=list)  # the prompt's block keys
+    moved_from: str | None = None  # rebalance: the replica the prefix leaves
 
 
 class ReplicaState:
@@ -83,6 +94,8 @@ class ReplicaState:
         self.held: set[int] = set()  # keys of the last report
         self.pending: dict[int, float] = {}  # key -> when a request carrying it was routed here
         self.routed_keys: dict[int, float] = {}  # block key -> when a request carrying it was last routed here
+        self.routed_counts: dict[int, int] = {}  # block key -> requests carrying it routed here (as routed_keys)
+        self.shared_keys = 0  # keys of routed_counts routed here more than once: the prefixes it is kept busy with
         self.running = self.waiting = self.free_blocks = self.num_blocks = 0
         self.inflight = 0  # requests this router sent here that have not finished
         self.last_report: ReplicaReport | None = None
@@ -118,12 +131,31 @@ class ReplicaState:
             if key not in self.held:
                 self.pending[key] = now
             self.routed_keys[key] = now
+            count = self.routed_counts[key] = self.routed_counts.get(key, 0) + 1
+            self.shared_keys += count == 2
+
+    def give_up(self, keys: Sequence[int]) -> None:
+        """This router stops counting these keys here (their prefix moves to another replica)."""
+        for key in keys:
+            self.pending.pop(key, None)
+            self.routed_keys.pop(key, None)
+            self.shared_keys -= self.routed_counts.pop(key, 0) >= 2
+
+    def overflowing(self, margin: float) -> bool:
+        """The prefixes routed here again and again lately need more blocks than `margin` of its pool."""
+        return self.num_blocks > 0 and self.shared_keys > margin * self.num_blocks
+
+    def affinity(self, keys: Sequence[int], matched: int) -> int:
+        """Requests routed here lately that carried the last of the prompt's `matched` leading blocks."""
+        return self.routed_counts.get(keys[matched - 1], 0) if matched else 0
 
     def expire(self, now: float, ttl: float) -> None:
         if self.pending:
             self.pending = {k: t for k, t in self.pending.items() if now - t <= ttl}
         if self.routed_keys:
             self.routed_keys = {k: t for k, t in self.routed_keys.items() if now - t <= ttl}
+            self.routed_counts = {k: n for k, n in self.routed_counts.items() if k in self.routed_keys}
+            self.shared_keys = sum(n >= 2 for n in self.routed_counts.values())
 
 
 class Router:
@@ -164,7 +196,8 @@ class Router:
         """A replica restarted: whatever it cached is gone."""
         state = self.replicas.get(replica_id)
         if state is not None:
-            state.held, state.pending, state.routed_keys = set(), {}, {}
+            state.held, state.pending, state.routed_keys, state.routed_counts = set(), {}, {}, {}
+            state.shared_keys = 0
 
     # ---- routing ----------------------------------------------------------------------------------
 
@@ -194,7 +227,9 @@ class Router:
             pair = self._rng.sample(candidates, 2) if len(candidates) > 1 else candidates
             state, outcome = min(pair, key=lambda s: s.load), "baseline"
         else:
-            state, outcome = self._choose_kv(candidates, keys, now)
+            state, outcome, source = self._choose_kv(candidates, keys, now)
+            return Decision(state.replica_id, self.policy, outcome, state.matched(keys, now, self.pending_ttl),
+                            len(keys), keys, source)
         return Decision(state.replica_id, self.policy, outcome, state.matched(keys, now, self.pending_ttl),
                         len(keys), keys)
 
@@ -208,6 +243,9 @@ class Router:
             if state is not None:
                 state.inflight += 1
                 state.expect(decision.keys, now)
+            source = self.replicas.get(decision.moved_from or "")
+            if source is not None and source is not state:
+                source.give_up(decision.keys)
             outcome = decision.outcome if replica_id == decision.replica_id else "redirect"
             self.decisions[(self.policy, outcome)] += 1
         self._expire(now)
@@ -245,17 +283,27 @@ class Router:
         if decision is not None:
             self.unrouted(decision)
 
-    def _choose_kv(self, candidates: list[ReplicaState], keys: list[int], now: float) -> tuple[ReplicaState, str]:
+    def _choose_kv(self, candidates: list[ReplicaState], keys: list[int],
+                   now: float) -> tuple[ReplicaState, str, str | None]:
+        """(replica, outcome, the replica a rebalanced prefix leaves)."""
         least = min(candidates, key=lambda s: s.load)
+        within = [s for s in candidates if s.load - least.load <= self.imbalance_threshold]
         scored = [(s.matched(keys, now, self.pending_ttl), s) for s in candidates]
         best_match = max(m for m, _ in scored)
         if best_match == 0:  # a new prefix: where the least went lately, among those not too loaded
-            within = [s for s in candidates if s.load - least.load <= self.imbalance_threshold]
-            return min(within, key=lambda s: (len(s.routed_keys), s.load)), "miss"
-        best = min((s for m, s in scored if m == best_match), key=lambda s: (s.load, -s.free_blocks))
+            return min(within, key=lambda s: (len(s.routed_keys), s.load)), "miss", None
+        holders = [s for m, s in scored if m == best_match]
+        near = min(s.load for s in holders) + self.imbalance_threshold // 2  # loads this close count as equal
+        best = min((s for s in holders if s.load <= near),
+                   key=lambda s: (-s.affinity(keys, best_match), s.load, -s.free_blocks))
         if best.load - least.load > self.imbalance_threshold:
-            return least, "fallback"
-        return best, "hit"
+            return least, "fallback", None
+        if best.overflowing(OVERFLOW_MARGIN):  # tenants placed unevenly: one prefix moves where it fits
+            roomy = [s for s in within
+                     if s is not best and s.shared_keys + len(keys) <= OVERFLOW_MARGIN * s.num_blocks]
+            if roomy:
+                return min(roomy, key=lambda s: (s.shared_keys, s.load)), "rebalance", best.replica_id
+        return best, "hit", None
 
     def finished(self, replica_id: str) -> None:
         """A request routed to `replica_id` ended (any way)."""

@@ -75,6 +75,51 @@ def test_kv_prefers_the_least_loaded_replica_once_the_imbalance_passes_the_thres
     assert router.decisions[("kv", "fallback")] == 1 and router.decisions[("kv", "hit")] == 1
 
 
+def test_after_a_fallback_a_tenant_goes_home_again_not_to_the_copy_the_fallback_left():
+    """Both replicas now hold the prefix; the next requests go where it was sent most, even when the
+    other is less loaded, so the fallback's copy is not reused and is evicted first."""
+    router = _router("kv", n=2, imbalance_threshold=2)
+    home = router.choose(_prompt(5, 0)).replica_id
+    for suffix in (1, 2):
+        assert router.choose(_prompt(5, suffix)).replica_id == home  # three in flight at home now
+    d = router.choose(_prompt(5, 3))
+    away = d.replica_id
+    assert (away != home, d.outcome) == (True, "fallback"), d
+    for _ in range(3):
+        router.finished(home)  # home: 0 in flight, away: 1
+    router.report(_report(away, router.block_keys(_prompt(5, 0)), running=1))  # away holds the prefix too,
+    router.report(_report(home, router.block_keys(_prompt(5, 0)), running=2))  # and is less loaded than home
+    d = router.choose(_prompt(5, 4))
+    assert (d.replica_id, d.outcome) == (home, "hit"), d
+
+
+def test_tenants_that_overflow_one_replicas_cache_move_one_by_one_to_a_replica_with_room():
+    """Five tenants landed on r0 while it was the only replica (a startup); its pool holds 20 blocks, their
+    prefixes 4 each. Once r1 is there, one prefix moves (a miss there, once) and stays; the rest stay home."""
+    router = _router("kv", n=1)
+    held = []
+    for tenant in range(5):
+        for suffix in (0, 1):
+            assert router.choose(_prompt(tenant, suffix)).replica_id == "r0"
+            router.finished("r0")
+        held += router.block_keys(_prompt(tenant, 0))
+    router.set_replicas(["r0", "r1"])
+    router.report(ReplicaReport("r0", held, 0, 0, 20, 20))
+    router.report(ReplicaReport("r1", [], 0, 0, 20, 20))
+    d = router.choose(_prompt(3, 2))
+    assert (d.replica_id, d.outcome) == ("r1", "rebalance"), d
+    router.finished("r1")
+    for suffix in (3, 4):
+        d = router.choose(_prompt(3, suffix))  # both caches hold tenant 3 now: it stays on r1
+        assert (d.replica_id, d.outcome) == ("r1", "hit"), d
+        router.finished("r1")
+    for tenant in (0, 1, 2, 4):  # r0's four prefixes fit its pool: they stay
+        d = router.choose(_prompt(tenant, 5))
+        assert (d.replica_id, d.outcome) == ("r0", "hit"), (tenant, d)
+        router.finished("r0")
+    assert router.decisions[("kv", "rebalance")] == 1
+
+
 def test_a_new_prefix_goes_where_the_smallest_working_set_was_routed_unless_that_replica_is_too_loaded():
     router = _router("kv", n=2, imbalance_threshold=2)
     placed = {}
