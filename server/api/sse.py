@@ -9,8 +9,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
-from server.api.errors import APIError
-from server.api.protocol import ErrorResponse
+from server.api.errors import APIError, error_body
 from server.engine import TokenOutput
 
 log = logging.getLogger("kvserve.serving")
@@ -31,22 +30,23 @@ def error_event(out: TokenOutput, openai: bool = False) -> str:
     return "data: " + error.response(openai).body.decode() + "\n\n"
 
 
-def sse_response(events: AsyncIterator[str], on_close: Callable[[], None]) -> StreamingResponse:
-    """`on_close` (the Generation's cancel) runs once the response is over, also when the client left
+def sse_response(events: AsyncIterator[str], on_close: Callable[[], None], openai: bool = False) -> StreamingResponse:
+    """A stream whose failure ends it with an error event in the route's shape (`openai`: OpenAI's).
+    `on_close` (the Generation's cancel) runs once the response is over, also when the client left
     before its first event (then `events` never started, so its own cleanup never runs). It runs on the
     event loop: Starlette hands a plain function to a worker thread, a thread hop per response, and the
     cluster's engine client cancels asyncio tasks, which only the loop's thread may do."""
     async def close() -> None:
         on_close()
-    return StreamingResponse(guarded(events), media_type="text/event-stream", headers=SSE_HEADERS,
+    return StreamingResponse(guarded(events, openai), media_type="text/event-stream", headers=SSE_HEADERS,
                              background=BackgroundTask(close))
 
 
-async def guarded(events: AsyncIterator[str], error_type: str = "generation") -> AsyncIterator[str]:
+async def guarded(events: AsyncIterator[str], openai: bool = False) -> AsyncIterator[str]:
     """A failure inside a stream becomes its last event instead of a torn connection."""
     try:
         async for event in events:
             yield event
     except Exception as e:  # noqa: BLE001 - anything here must reach the client as an error event
         log.exception("stream failed")
-        yield sse(ErrorResponse(error=f"{type(e).__name__}: {e}", error_type=error_type))
+        yield sse(error_body(500, f"{type(e).__name__}: {e}", "generation", openai))

@@ -81,6 +81,7 @@ class KVCacheRequestRouter(RequestRouter):
         if actual != decision.replica_id:
             self.router.unrouted(decision)
             self.router.routed(decision, actual)
+        self.router.arrived(decision, actual)  # a rebalanced prefix leaves its old replica, if it went where chosen
         # called from one of Ray's threads (or at once, if done); `finished` takes the router's lock
         result.add_done_callback(lambda _: self.router.finished(actual))
 

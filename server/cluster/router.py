@@ -135,11 +135,15 @@ class ReplicaState:
             self.shared_keys += count == 2
 
     def give_up(self, keys: Sequence[int]) -> None:
-        """This router stops counting these keys here (their prefix moves to another replica)."""
+        """This router stops counting the prompt's own prefix here (it moves to another replica): its keys
+        sent here no more often than its deepest one, not the blocks it shares with other prompts (a
+        system prompt ahead of it, sent here more often), which stay."""
+        own = next((self.routed_counts[k] for k in reversed(keys) if k in self.routed_counts), 0)
         for key in keys:
-            self.pending.pop(key, None)
-            self.routed_keys.pop(key, None)
-            self.shared_keys -= self.routed_counts.pop(key, 0) >= 2
+            if self.routed_counts.get(key, 0) <= own:
+                self.pending.pop(key, None)
+                self.routed_keys.pop(key, None)
+                self.shared_keys -= self.routed_counts.pop(key, 0) >= 2
 
     def overflowing(self, margin: float) -> bool:
         """The prefixes routed here again and again lately need more blocks than `margin` of its pool."""
@@ -211,6 +215,7 @@ class Router:
         """Picks a replica for a prompt and counts it as in flight there (call `finished` when it ends)."""
         decision = self.decide(token_ids, cache_salt=cache_salt, use_cache=use_cache, exclude=exclude)
         self.routed(decision, decision.replica_id)
+        self.arrived(decision, decision.replica_id)
         return decision
 
     def decide(self, token_ids: Sequence[int], *, cache_salt: str | None = None, use_cache: bool = True,
@@ -243,12 +248,17 @@ class Router:
             if state is not None:
                 state.inflight += 1
                 state.expect(decision.keys, now)
-            source = self.replicas.get(decision.moved_from or "")
-            if source is not None and source is not state:
-                source.give_up(decision.keys)
             outcome = decision.outcome if replica_id == decision.replica_id else "redirect"
             self.decisions[(self.policy, outcome)] += 1
         self._expire(now)
+
+    def arrived(self, decision: Decision, replica_id: str) -> None:
+        """The replica chosen took the request: a rebalanced prefix leaves its old replica now (not when
+        routed: a call cancelled in Serve's queue, or sent elsewhere, moves nothing)."""
+        with self._lock:
+            source = self.replicas.get(decision.moved_from or "")
+            if source is not None and replica_id == decision.replica_id:
+                source.give_up(decision.keys)
 
     def unrouted(self, decision: Decision) -> None:
         """Undoes `routed` for a request that never reached the replica it was counted on (cancelled in
@@ -298,9 +308,11 @@ class Router:
                    key=lambda s: (-s.affinity(keys, best_match), s.load, -s.free_blocks))
         if best.load - least.load > self.imbalance_threshold:
             return least, "fallback", None
-        if best.overflowing(OVERFLOW_MARGIN):  # tenants placed unevenly: one prefix moves where it fits
-            roomy = [s for s in within
-                     if s is not best and s.shared_keys + len(keys) <= OVERFLOW_MARGIN * s.num_blocks]
+        # tenants placed unevenly: one of the prefixes sent there again and again moves where it fits (its
+        # room counted with the keys sent there that no report has confirmed yet, moved prefixes among them)
+        if best.overflowing(OVERFLOW_MARGIN) and best.affinity(keys, best_match) >= 2:
+            roomy = [s for s in within if s is not best
+                     and s.shared_keys + len(s.pending) + len(keys) <= OVERFLOW_MARGIN * s.num_blocks]
             if roomy:
                 return min(roomy, key=lambda s: (s.shared_keys, s.load)), "rebalance", best.replica_id
         return best, "hit", None

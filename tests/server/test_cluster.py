@@ -225,7 +225,8 @@ def test_a_full_replica_answers_429_as_a_single_server_does(cluster):
     r = httpx.post(url + "/v1/completions", json={"prompt": "two copies", "max_tokens": 4, "n": 2}, timeout=60,
                    trust_env=False)
     assert r.status_code == 429, r.text
-    assert r.json()["error"]["code"] == "overloaded" and r.headers["retry-after"] == "1"
+    assert (r.json()["error"]["type"], r.json()["error"]["code"]) == ("rate_limit_error", "overloaded"), r.text
+    assert r.headers["retry-after"] == "1"
     long = {"inputs": "a long one", "parameters": {"max_new_tokens": 1000, "ignore_eos": True, "speculative": False}}
     stop = threading.Event()
 

@@ -120,6 +120,29 @@ def test_tenants_that_overflow_one_replicas_cache_move_one_by_one_to_a_replica_w
     assert router.decisions[("kv", "rebalance")] == 1
 
 
+def test_a_rebalance_no_replica_took_moves_nothing():
+    """Decided and counted as the Ray adapter does, then cancelled in Serve's queue: the prefix still lives
+    on r0, so the next request of that tenant is a rebalance again, not a 'hit' on a replica that never
+    computed it."""
+    router = _router("kv", n=1)
+    held = []
+    for tenant in range(5):
+        for suffix in (0, 1):
+            router.finished(router.choose(_prompt(tenant, suffix)).replica_id)
+        held += router.block_keys(_prompt(tenant, 0))
+    router.set_replicas(["r0", "r1"])
+    router.report(ReplicaReport("r0", held, 0, 0, 20, 20))
+    router.report(ReplicaReport("r1", [], 0, 0, 20, 20))
+    d = router.decide(_prompt(3, 2))
+    router.routed(d, d.replica_id)
+    router.hold("call-1", d)
+    router.release("call-1")  # cancelled before any replica took it
+    assert d.outcome == "rebalance" and router.replicas["r0"].affinity(d.keys, len(d.keys)) == 2
+    again = router.choose(_prompt(3, 3))
+    assert (again.replica_id, again.outcome) == ("r1", "rebalance"), again
+    assert router.replicas["r0"].affinity(d.keys, len(d.keys)) == 0  # taken this time: the prefix left r0
+
+
 def test_a_new_prefix_goes_where_the_smallest_working_set_was_routed_unless_that_replica_is_too_loaded():
     router = _router("kv", n=2, imbalance_threshold=2)
     placed = {}

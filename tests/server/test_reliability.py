@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import random
 import threading
 
@@ -68,6 +69,38 @@ def test_nan_logits_in_one_row_fail_that_request_only(live, nan_logits_for_seed_
     assert [e.get("index") for e in events[:-1]] == [1]
     assert events[-1]["error_type"] == "generation" and "non-finite" in events[-1]["error"]
     wait_for(lambda: blocks_free(live.engine) and live.engine.num_running == 0, "the slots to be freed")
+
+
+def test_a_stream_that_breaks_ends_with_an_error_event_in_its_routes_shape(live, monkeypatch):
+    """An exception while a stream is written (here, encoding an OpenAI chunk) ends it with a last event in
+    OpenAI's error shape on /v1/; the request's blocks come back."""
+    from server.api.serving_completions import ChunkEncoder
+
+    def broken(self, choice, usage=None):
+        raise RuntimeError("chunk encoder broke (injected)")
+
+    monkeypatch.setattr(ChunkEncoder, "__call__", broken)
+    body = {"prompt": "To be", "max_tokens": 4, "stream": True}
+    with live.client() as c:
+        events = [line[5:].strip() for line in c.post("/v1/completions", json=body).iter_lines()
+                  if line.startswith("data:")]
+    error = json.loads(events[-1])["error"]
+    assert (error["type"], error["code"]) == ("server_error", "generation") and "injected" in error["message"]
+    wait_for(lambda: blocks_free(live.engine) and live.engine.num_running == 0, "the slots to be freed")
+
+
+def test_a_broken_stream_on_tgis_routes_ends_in_tgis_shape():
+    from server.api.sse import guarded
+
+    async def events():
+        yield "data: {}\n\n"
+        raise RuntimeError("broke")
+
+    async def collect():
+        return [e async for e in guarded(events())]
+    last = asyncio.run(collect())[-1]
+    assert json.loads(last.removeprefix("data: ")) == {"error": "RuntimeError: broke",
+                                                                     "error_type": "generation"}
 
 
 @pytest.fixture

@@ -110,6 +110,7 @@ def test_a_body_over_the_limit_is_413_with_or_without_content_length(live):
     r = httpx.post(live.url + "/v1/completions", content=big, headers={"content-type": "application/json"},
                    timeout=60)
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large", r.text
+    assert r.json()["error"]["type"] == "invalid_request_error", r.text
     assert live.metric("kvserve:request_rejected_total", reason="body_too_large") == rejected + 3
     assert httpx.post(live.url + "/generate", json=TINY_BODY, timeout=60).status_code == 200
 
