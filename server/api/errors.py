@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-ERROR_STATUS = {"shutdown": 503, "timeout": 504, "overloaded": 429}  # a failed generation's error_type -> status; else 500
+ERROR_STATUS = {"shutdown": 503, "timeout": 504, "overloaded": 429}  # a failed generation's error_type; else 500
 
 
 VLLM_ROUTES = ("/tokenize", "/detokenize", "/tokenizer_info")  # vLLM's, outside /v1/, answered as vLLM does

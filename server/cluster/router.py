@@ -226,6 +226,7 @@ class Router:
             raise LookupError("no replica to route to")
         keys = self.block_keys(token_ids, cache_salt) if use_cache else []
         now = self._clock()
+        source = None  # the replica a rebalanced prefix leaves
         if self.policy == "round-robin":
             state, outcome = candidates[self._turn % len(candidates)], "baseline"
         elif self.policy == "pow2":
@@ -233,10 +234,8 @@ class Router:
             state, outcome = min(pair, key=lambda s: s.load), "baseline"
         else:
             state, outcome, source = self._choose_kv(candidates, keys, now)
-            return Decision(state.replica_id, self.policy, outcome, state.matched(keys, now, self.pending_ttl),
-                            len(keys), keys, source)
         return Decision(state.replica_id, self.policy, outcome, state.matched(keys, now, self.pending_ttl),
-                        len(keys), keys)
+                        len(keys), keys, source)
 
     def routed(self, decision: Decision, replica_id: str) -> None:
         """The request of `decision` was sent to `replica_id` (Ray may pick another when the chosen one is
