@@ -33,6 +33,7 @@ class Generation:
         loop = asyncio.get_running_loop()
         self._deadline = loop.time() + timeout if timeout else None  # from the request's arrival, admission included
         self.copies = len(params)
+        _check_fits_queue(engine, len(prompts), self.copies)
         self._events: asyncio.Queue = asyncio.Queue()
         sink = AsyncSink(loop, self._events)
         self.request_ids: list[str] = []
@@ -138,7 +139,8 @@ class Generation:
         if isinstance(e, PromptError):
             overflow = isinstance(e, ContextLengthError)
             return APIError(422, str(e).replace("max_new_tokens", self.max_tokens_field), "validation",
-                            reason="context_length", code="context_length_exceeded" if overflow else None)
+                            reason="context_length" if overflow else "validation",
+                            code="context_length_exceeded" if overflow else None)
         if isinstance(e, QueueFullError):
             return APIError(429, str(e), "overloaded", headers={"Retry-After": "1"}, reason="queue_full")
         return APIError(503, str(e), "unavailable", headers={"Retry-After": "5"}, reason="shutting_down")
@@ -147,3 +149,16 @@ class Generation:
 def tokens_of(outs: list[TokenOutput]) -> list[TokenOutput]:
     """A choice's token events (a scored prompt's only event carries none)."""
     return [o for o in outs if o.token_id is not None]
+
+
+def _check_fits_queue(engine: Engine, prompts: int, copies: int) -> None:
+    """A request whose sequences exceed what the engine ever holds at once (running and waiting) is a 422,
+    never a 429 that no retry can turn into a success. An engine in other processes (the cluster) takes
+    each prompt on a replica of its own choosing: there, one prompt's copies must fit one replica."""
+    capacity = engine.config.max_num_seqs + engine.config.max_waiting
+    asked = copies * (prompts if engine.info.in_process else 1)
+    if asked > capacity:
+        what = f"{prompts} prompt(s) × {copies} cop{'y' if copies == 1 else 'ies'}" if prompts > 1 else \
+            f"{copies} copies of its prompt (n, best_of)"
+        raise APIError(422, f"the request asks for {asked} sequences at once ({what}); this server holds at most "
+                       f"{capacity} (--max-num-seqs + --max-waiting)", "validation", reason="sequences")

@@ -26,7 +26,8 @@ def logit_bias_of(bias: dict[str, float] | None, vocab_size: int, field: str = "
     """OpenAI's {"token id": bias} as (id, bias) pairs; a key that is not a token id is a 422."""
     pairs = []
     for key, value in (bias or {}).items():
-        if not key.lstrip("-").isdigit() or not 0 <= int(key) < vocab_size:
+        digits = key.lstrip("-")
+        if not (digits.isascii() and digits.isdigit()) or not 0 <= int(key) < vocab_size:  # int() takes "²" too
             raise APIError(422, f"{field}: {key!r} is not a token id in [0, {vocab_size})", "validation")
         pairs.append((int(key), float(value)))
     return tuple(pairs)

@@ -61,6 +61,8 @@ class SamplingFields(Strict):
 
     @model_validator(mode="after")
     def _stream_options_need_usage(self) -> "SamplingFields":
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream: true (as in OpenAI's API and vLLM)")
         if self.stream_options is not None and self.stream_options.continuous_usage_stats and \
                 not self.stream_options.include_usage:
             raise ValueError("stream_options.continuous_usage_stats needs stream_options.include_usage: true "
@@ -71,7 +73,8 @@ class SamplingFields(Strict):
 class CompletionRequest(SamplingFields):
     prompt: NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1)] | TokenIds | \
         Annotated[list[TokenIds], Field(min_length=1)]
-    max_tokens: int | None = Field(16, ge=0, description="0 with echo scores the prompt and generates nothing")
+    max_tokens: int | None = Field(None, ge=0, description="default 16 (or --max-new-tokens, if lower); 0 with echo "
+                                   "scores the prompt and generates nothing")
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, description="the likeliest alternatives of each token (at most "
                                  "--max-logprobs); 0: each token's own logprob only")
@@ -174,6 +177,12 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, description="with logprobs: alternatives per token (at most "
                                      "--max-logprobs)")
     add_generation_prompt: bool = True  # vLLM's: the template's cue for the assistant's turn
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true (as in OpenAI's API and vLLM)")
+        return self
 
     @property
     def max_new_tokens(self) -> int | None:

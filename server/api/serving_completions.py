@@ -30,7 +30,7 @@ from server.engine import FINISH_ERROR, Engine, TokenOutput
 def completion_params(r: CompletionRequest, engine: Engine, limits: Limits) -> SamplingParams:
     """OpenAI's rule: temperature defaults to 1 (sampling); temperature 0 is greedy."""
     temperature = 1.0 if r.temperature is None else r.temperature
-    max_tokens = 16 if r.max_tokens is None else r.max_tokens
+    max_tokens = min(16, limits.max_new_tokens or 16) if r.max_tokens is None else r.max_tokens
     limits.check_new_tokens(max_tokens, "max_tokens")
     limits.check_count("n", r.n, "max_n")
     limits.check_count("best_of", r.best_of, "max_best_of")

@@ -98,6 +98,8 @@ async def tgi_generate(request: Request, body: GenerateRequest, engine: Engine, 
                        "not behind the cluster's ingress", "validation")
     if stream and best_of > 1:
         raise APIError(422, "parameters.best_of > 1 cannot be streamed, as in TGI", "validation")
+    if stream and p.decoder_input_details:
+        raise APIError(422, "parameters.decoder_input_details cannot be streamed, as in TGI", "validation")
     gen = Generation(engine, metrics, [prompt_ids], copies_of(params, best_of), p.use_cache,
                      timeout=limits.deadline(p.timeout), cache_salt=p.cache_salt, speculative=p.speculative)
     await gen.admitted()

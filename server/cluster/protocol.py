@@ -16,3 +16,13 @@ class Submission:
     use_cache: bool  # False: computed without the prefix cache
     cache_salt: str | None  # the prefix-cache namespace (None: the shared one)
     speculative: bool = True  # False: no speculative decoding for it (the output is the same either way)
+    feed: str | None = None  # the ingress whose feed carries its events (None: the call's own stream)
+
+
+@dataclass(frozen=True)
+class FeedRequest:
+    """An ingress's call to one replica for the events of all its requests there: one stream item per
+    engine step (replica.py). The request router sends it to that replica (ray_router.py)."""
+
+    ingress_id: str
+    replica_id: str

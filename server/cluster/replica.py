@@ -10,15 +10,31 @@ request router (`ray_router.py`) as the replica's `routing_stats`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 from collections.abc import AsyncIterator
 
 from ray import serve
 
-from server.cluster.protocol import Submission
+from server.cluster.protocol import FeedRequest, Submission
 from server.cluster.router import report_from
 from server.engine import AsyncSink, Engine, EngineArgs, TokenOutput
+
+FEED_IDLE_S = 2.0  # a feed with no request open for this long ends (so that Serve can stop the replica)
+
+
+class Feed(asyncio.Queue):
+    """An ingress's events on this replica, and the `generate` calls waiting for their requests' last event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting: dict[str, asyncio.Event] = {}  # request id -> set once its last event is queued
+
+    def put_nowait(self, out: TokenOutput) -> None:
+        super().put_nowait(out)
+        if out.finished:
+            done = self.waiting.pop(out.request_id, None)
+            if done is not None:
+                done.set()
 
 
 class EngineReplica:
@@ -27,23 +43,59 @@ class EngineReplica:
         if warmup:
             self.engine.warmup()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self._feeds: dict[str, Feed] = {}  # ingress id -> the events of its requests here
 
-    async def generate(self, sub: Submission) -> AsyncIterator[list[TokenOutput]]:
-        """An empty batch once the engine took the prompt, then the events of every copy, in batches,
-        until each copy has its last one. A refusal (prompt too long, queue full, shutting down) is the
-        stream's exception, before any batch."""
+    async def generate(self, sub: Submission) -> AsyncIterator[list[TokenOutput] | str]:
+        """With `sub.feed` (what the ingress sends): this replica's id once the engine took the prompt,
+        then nothing until every copy has its last event, which the ingress's feed carries. Without it:
+        an empty batch once taken, then the events of every copy in batches. A refusal (prompt too long,
+        queue full, shutting down) is the stream's exception, before any item."""
+        if sub.feed is None:
+            async for batch in self._generate_here(sub):
+                yield batch
+            return
+        feed = self._feeds.setdefault(sub.feed, Feed())
+        finished = {rid: asyncio.Event() for rid in sub.request_ids}
+        feed.waiting.update(finished)
+        try:
+            self._submit(sub, feed)
+        except BaseException:
+            for rid in sub.request_ids:
+                feed.waiting.pop(rid, None)
+            raise
+        try:
+            yield self.replica_id  # taken
+            for done in finished.values():
+                await done.wait()
+        finally:  # the ingress cancelled the call (client gone, timeout) or it ended
+            for rid, done in finished.items():
+                if not done.is_set():
+                    feed.waiting.pop(rid, None)
+                    self.engine.abort(rid)
+
+    async def feed(self, req: FeedRequest) -> AsyncIterator[list[TokenOutput]]:
+        """The events of every request the ingress `req.ingress_id` sent here, one item per engine step (or
+        more steps, when the ingress reads slower): an empty item once open, and the end once no request
+        of that ingress has been open here for FEED_IDLE_S (the ingress opens it again when it needs it)."""
+        feed = self._feeds.setdefault(req.ingress_id, Feed())
+        yield []
+        while True:
+            try:  # while a request is open its last event will come: no timer then
+                batch = [await (feed.get() if feed.waiting else asyncio.wait_for(feed.get(), FEED_IDLE_S))]
+            except asyncio.TimeoutError:
+                if not feed.waiting and feed.empty():
+                    if self._feeds.get(req.ingress_id) is feed:
+                        del self._feeds[req.ingress_id]
+                    return
+                continue
+            while not feed.empty():
+                batch.append(feed.get_nowait())
+            yield batch
+
+    async def _generate_here(self, sub: Submission) -> AsyncIterator[list[TokenOutput]]:
         events: asyncio.Queue = asyncio.Queue()
-        sink = AsyncSink(asyncio.get_running_loop(), events)
-        if len(sub.params) == 1:
-            ids = [self.engine.submit(sub.prompt_ids, sub.params[0], sink, use_cache=sub.use_cache,
-                                      request_id=sub.request_ids[0], cache_salt=sub.cache_salt,
-                                      speculative=sub.speculative)]
-        else:
-            ids = self.engine.submit_copies(sub.prompt_ids, sub.params, [sink] * len(sub.params),
-                                            use_cache=sub.use_cache, cache_salt=sub.cache_salt,
-                                            speculative=sub.speculative)
-        rename = dict(zip(ids, sub.request_ids))
-        open_ids = set(ids)
+        self._submit(sub, events)
+        open_ids = set(sub.request_ids)
         try:
             yield []  # taken
             while open_ids:
@@ -53,12 +105,20 @@ class EngineReplica:
                 for out in batch:
                     if out.finished:
                         open_ids.discard(out.request_id)
-                if len(sub.params) > 1:
-                    batch = [dataclasses.replace(out, request_id=rename[out.request_id]) for out in batch]
                 yield batch
         finally:  # the ingress cancelled the stream (client gone, timeout) or it ended
             for rid in open_ids:
                 self.engine.abort(rid)
+
+    def _submit(self, sub: Submission, events: asyncio.Queue) -> None:
+        sink = AsyncSink(asyncio.get_running_loop(), events)
+        if len(sub.params) == 1:
+            self.engine.submit(sub.prompt_ids, sub.params[0], sink, use_cache=sub.use_cache,
+                               request_id=sub.request_ids[0], cache_salt=sub.cache_salt, speculative=sub.speculative)
+        else:
+            self.engine.submit_copies(sub.prompt_ids, sub.params, [sink] * len(sub.params), use_cache=sub.use_cache,
+                                      cache_salt=sub.cache_salt, speculative=sub.speculative,
+                                      request_ids=sub.request_ids)
 
     # async, so Serve calls them on the replica's loop: a sync method runs in a new worker thread each time
     async def record_routing_stats(self) -> dict:

@@ -172,14 +172,15 @@ class Engine:
                                             speculative)])[0]
 
     def submit_copies(self, prompt_ids: list[int], params: list[SamplingParams], sinks: list[Sink], *,
-                      use_cache: bool = True, cache_salt: str | None = None, speculative: bool = True) -> list[str]:
+                      use_cache: bool = True, cache_salt: str | None = None, speculative: bool = True,
+                      request_ids: list[str] | None = None) -> list[str]:
         """Several requests for one prompt (OpenAI's n and best_of): the first reads the prompt, the others
         wait until its keys and values are in the prefix cache and take them from there. All or none
-        are queued."""
+        are queued. `request_ids`: the copies' ids (default: new ones)."""
         check_fits(prompt_ids, max(p.max_new_tokens for p in params), self.blocks, self.context_length,
                    self.model_config.vocab_size, copies=len(params))  # the longest copy decides
-        reqs = [self._request(prompt_ids, p, sink, use_cache, None, cache_salt, speculative)
-                for p, sink in zip(params, sinks)]
+        reqs = [self._request(prompt_ids, p, sink, use_cache, rid, cache_salt, speculative)
+                for p, sink, rid in zip(params, sinks, request_ids or [None] * len(params))]
         if use_cache and self.config.enable_prefix_caching and params[0].prompt_logprobs is None:
             for req in reqs[1:]:
                 req.wait_for = reqs[0]
@@ -292,9 +293,13 @@ class Engine:
                 stopping = self._stopping
             with self._step_lock:
                 if stopping:
-                    while self._calls:
-                        self._calls.popleft()[1].set_exception(EngineStoppedError("the engine is shut down"))
-                    self._end_all_for_shutdown()
+                    try:
+                        while self._calls:
+                            future = self._calls.popleft()[1]
+                            if future.set_running_or_notify_cancel():  # its caller may have cancelled it
+                                future.set_exception(EngineStoppedError("the engine is shut down"))
+                    finally:
+                        self._end_all_for_shutdown()
                     return
                 self._run_calls()
                 try:
@@ -367,6 +372,7 @@ class Engine:
                 continue
             if s.cached:  # an accepted draft token: the step computed its keys and values
                 req.num_computed += 1
+                req.stats.accepted_draft_tokens += 1
                 self.blocks.register_full_blocks(req)
             if req.finish_reason is not None:
                 self.scheduler.finish(req)

@@ -178,7 +178,9 @@ class Drafter:
 
     def record(self, req: Request, drafted: int, accepted: int) -> None:
         """A verified draft: the counters, and its request's acceptance estimate (the accepted tokens
-        and the first rejected one were decided; the tokens after a rejection were not)."""
+        and the first rejected one were decided; the tokens after a rejection were not). The request's
+        own count of accepted tokens grows as they are appended (the engine's `_update`): a stop string
+        or EOS inside an accepted draft drops the tokens after it."""
         s = self.stats
         s.num_drafts += 1
         s.num_draft_tokens += drafted
@@ -186,7 +188,6 @@ class Drafter:
         for i in range(accepted):
             s.accepted_per_position[i] += 1
         req.stats.draft_tokens += drafted
-        req.stats.accepted_draft_tokens += accepted
         req.draft_state.observe(accepted, accepted + (accepted < drafted))
 
 

@@ -13,7 +13,7 @@ import server.engine.sampler as sampler
 from model.config import PromptError
 from model.generate import generate
 from model.sampling import SamplingParams
-from server.engine import AsyncSink, Engine, QueueFullError, TokenOutput
+from server.engine import AsyncSink, Engine, EngineStoppedError, QueueFullError, TokenOutput
 from tests.conftest import EXACT
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
@@ -352,4 +352,36 @@ def test_shutdown_never_frees_state_under_a_running_step(tiny_model, tiny_tokeni
     while not events.empty():
         outs.append(events.get())
     assert outs[-1].finish_reason == "error" and outs[-1].error_type == "shutdown"
+    assert eng.blocks.num_free_blocks == 16 and eng.num_running == 0
+
+
+def test_a_between_steps_call_cancelled_by_its_caller_does_not_stop_the_shutdown(tiny_model, tiny_tokenizer,
+                                                                                  monkeypatch):
+    """GET /kv's call, cancelled when its client leaves, while a shutdown waits for the step it is behind: the
+    engine still ends its requests with a shutdown event, fails the calls still waiting, and frees every block."""
+    eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=2, num_blocks=16, threads=1).start()
+    in_step, release = threading.Event(), threading.Event()
+    real_execute = eng.runner.run
+
+    def slow_execute(sched):
+        if eng.scheduler.running and eng.scheduler.running[0].num_output_tokens >= 2:
+            in_step.set()
+            release.wait(30)
+        return real_execute(sched)
+
+    monkeypatch.setattr(eng.runner, "run", slow_execute)
+    events = queue.Queue()
+    eng.submit(tiny_tokenizer.encode("To be"), SamplingParams(max_new_tokens=50, temperature=0, ignore_eos=True),
+               events.put)
+    assert in_step.wait(30)
+    cancelled, waiting = eng.run_between_steps(lambda: 1), eng.run_between_steps(lambda: 2)
+    assert cancelled.cancel()
+    eng.shutdown(timeout=0.2)
+    release.set()
+    eng._thread.join(30)
+    outs = []
+    while not events.empty():
+        outs.append(events.get())
+    assert outs[-1].finish_reason == "error" and outs[-1].error_type == "shutdown"
+    assert isinstance(waiting.exception(timeout=5), EngineStoppedError)
     assert eng.blocks.num_free_blocks == 16 and eng.num_running == 0

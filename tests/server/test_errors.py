@@ -71,6 +71,9 @@ def test_invalid_json_and_nan_are_422(live):
     ({"prompt": "x", "best_of": 3, "stream": True}, 400, "validation", "best_of > n cannot be streamed"),
     ({"prompt": "x", "logit_bias": {"abc": 1}}, 400, "validation", "logit_bias: 'abc' is not a token id"),
     ({"prompt": "x", "logit_bias": {"99999": 1}}, 400, "validation", "logit_bias: '99999' is not a token id"),
+    ({"prompt": "x", "logit_bias": {"\u00b2": 1}}, 400, "validation", "logit_bias: '\u00b2' is not a token id"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "validation",
+     "stream_options is only allowed with stream: true"),
     ({"prompt": "x", "logit_bias": {"3": 101}}, 400, "validation", "Input should be less than or equal to 100"),
     ({"prompt": []}, 400, "validation", "prompt"),
     ({"prompt": [1, 2, 99999]}, 400, "validation", "token ids out of range"),
@@ -89,6 +92,38 @@ def test_bad_completion_input_gets_its_4xx_in_openais_shape(live, body, status, 
     error = r.json()["error"]
     assert r.status_code == status and message in error["message"], r.text
     assert (error["type"], error["code"]) == ("invalid_request_error", code), r.text
+
+
+def test_chat_top_logprobs_without_logprobs_is_400(live):
+    r = httpx.post(live.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                            "top_logprobs": 3}, timeout=30)
+    assert r.status_code == 400 and "top_logprobs needs logprobs: true" in r.json()["error"]["message"], r.text
+
+
+def test_tgi_decoder_input_details_cannot_be_streamed(live):
+    r = httpx.post(live.url + "/generate_stream", json={"inputs": "x", "parameters": {
+        "decoder_input_details": True}}, timeout=30)
+    assert r.status_code == 422 and "decoder_input_details cannot be streamed" in r.json()["error"], r.text
+
+
+def test_a_prompt_error_that_is_not_about_length_counts_as_validation(live):
+    before = (live.metric("kvserve:request_rejected_total", reason="validation"),
+              live.metric("kvserve:request_rejected_total", reason="context_length"))
+    r = httpx.post(live.url + "/v1/completions", json={"prompt": [1, 99999], "max_tokens": 2}, timeout=30)
+    assert r.status_code == 400 and "out of range" in r.json()["error"]["message"]
+    assert (live.metric("kvserve:request_rejected_total", reason="validation"),
+            live.metric("kvserve:request_rejected_total", reason="context_length")) == (before[0] + 1, before[1])
+
+
+def test_a_request_larger_than_the_queue_is_422_not_a_429_no_retry_could_clear(small_live):
+    """2 places in all (1 running, 1 waiting): 3 copies of one prompt can never be taken."""
+    r = httpx.post(small_live.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1, "n": 3,
+                                                             "temperature": 1}, timeout=30)
+    assert r.status_code == 400 and "holds at most 2 (--max-num-seqs + --max-waiting)" in r.json()["error"]["message"]
+    assert "retry-after" not in r.headers
+    ok = httpx.post(small_live.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1, "n": 2,
+                                                              "temperature": 1}, timeout=60)
+    assert ok.status_code == 200, ok.text
 
 
 def test_unknown_route_answers_in_the_error_shape(live):

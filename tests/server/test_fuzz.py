@@ -124,6 +124,8 @@ def test_limits_are_refused_by_name_and_counted(tiny_checkpoint):
         assert r.status_code == 400 and "max_tokens (9) is above this server's limit of 4" in r.json()["error"]["message"]
         r = httpx.post(server.url + "/generate", json={"inputs": "x", "parameters": {"details": True}}, timeout=60)
         assert r.status_code == 200 and r.json()["details"]["generated_tokens"] <= 4  # the default obeys the cap
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "ignore_eos": True}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4  # OpenAI's 16, under the cap
     finally:
         server.stop()
 

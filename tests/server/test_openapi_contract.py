@@ -26,11 +26,13 @@ KNOWN_REFUSALS = [
     (r"out of range \[0, \d+\)|is not a token id in \[0, \d+\)", "a token id at or above the vocabulary size"),
     (r"the context holds \d+|exceeds the context of \d+|KV-cache blocks", "the prompt and max tokens pass the "
                                                                           "context (or the KV cache)"),
-    (r"\(--max-[a-z-]+\)", "a limit set by a server flag (--max-n, --max-logprobs, --max-prompts, ...)"),
+    (r"\(--max-[a-z-]+( \+ --max-[a-z-]+)?\)", "a limit set by a server flag (--max-n, --max-logprobs, "
+                                                "--max-prompts, ...)"),
     (r"has no chat template|the chat template failed", "the checkpoint's chat template (none, or it raised)"),
     (r"content parts of type", "a chat content part that is not text (a 400 naming it, by design)"),
     (r"best_of > 1 needs sampling|best_of .* must be at least n|cannot be streamed|max_tokens 0 needs echo|"
-     r"continuous_usage_stats needs", "a rule between two fields"),
+     r"continuous_usage_stats needs|only allowed with stream: true|top_logprobs needs logprobs",
+     "a rule between two fields"),
 ]
 
 

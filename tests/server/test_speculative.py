@@ -211,6 +211,10 @@ def test_a_stop_string_inside_an_accepted_draft_ends_where_plain_decoding_ends(p
     assert_same(spec, plain)
     assert "".join(e.text for e in spec) == "".join(e.text for e in plain)
     assert spec_steps[0][-1] > 1, "the stop string did not fall inside an accepted draft"
+    # accepted: generated tokens that were drafts; every step but the last gave one token of its own (the
+    # bonus), the last one maybe none (the stop came first); the drafts the stop cut off do not count
+    stats, steps = spec[-1].stats, sum(1 for n in spec_steps[0] if n)
+    assert stats.generated_tokens - steps <= stats.accepted_draft_tokens <= stats.generated_tokens - steps + 1, stats
 
 
 def verify_rows_and_single_rows(model, n_tokens: int = 40, k: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
