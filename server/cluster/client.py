@@ -30,7 +30,7 @@ from model.config import GPTConfig, PromptError
 from model.generate import check_prompt
 from model.sampling import SamplingParams
 from server.cluster.feeds import Feeds, Followed
-from server.cluster.protocol import Submission
+from server.cluster.protocol import Submission, Taken
 from server.cluster.router import ReplicaReport, Router
 from server.engine import FINISH_ABORT, FINISH_ERROR, EngineArgs, EngineInfo
 
@@ -201,8 +201,8 @@ class RayEngineClient:
                     async for item in response:
                         if not admission.done():
                             admission.set_result(None)
-                        if isinstance(item, str):  # the replica that took it: its events come on its feed
-                            self.feeds.follow(followed, item)
+                        if isinstance(item, Taken):  # the replica that took it, and where its events come
+                            self.feeds.taken(followed, item)
                         else:  # a batch of its events, on its own stream
                             for out in item:
                                 followed.deliver(out)
@@ -211,7 +211,7 @@ class RayEngineClient:
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # noqa: BLE001 - every failure reaches the client as an event
-                    self.feeds.unfollow(followed)
+                    self.feeds.unfollow(followed, stale=True)
                     if not followed.started and attempt < RETRIES and _replica_gone(e):
                         log.warning("replica gone before request %s started (%s); retrying", sub.request_ids[0],
                                     type(e).__name__)

@@ -16,10 +16,13 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from server.cluster.protocol import FeedRequest
+from server.cluster.protocol import FeedRequest, Taken
 from server.engine import FINISH_ERROR, AsyncSink, TokenOutput
 
 log = logging.getLogger("kvserve.cluster")
+
+FEED_OPEN_TIMEOUT_S = 10.0  # a feed not attached by then (its replica gone, or leaving) is given up
+FEED_RETRY_S = 1.0  # after a feed failed, its replica's next one is asked for no sooner than this
 
 
 @dataclass(eq=False)
@@ -31,7 +34,8 @@ class Followed:
     closed: asyncio.Future  # done once open_ids is empty
     replica: str | None = None  # the replica whose feed carries them
     started: bool = False  # an event has reached a sink
-    lost: str | None = field(default=None)  # why the feed ended before they did (they had no event yet)
+    lost: str | None = None  # why the feed ended before they did (they had no event yet)
+    stale: set[str] = field(default_factory=set)  # replicas of earlier attempts: their events are dropped
 
     def deliver(self, out: TokenOutput) -> None:
         if out.request_id not in self.open_ids:
@@ -55,6 +59,7 @@ class Feeds:
         self.ingress_id = ingress_id
         self._readers: dict[str, asyncio.Task] = {}  # replica -> the task reading its feed
         self._by_request: dict[str, Followed] = {}
+        self._not_before: dict[str, float] = {}  # replica -> when its feed may be asked for again
 
     def expect(self, followed: Followed) -> None:
         """Before its call is sent: its events may come on a feed before the call says which replica took
@@ -62,18 +67,28 @@ class Feeds:
         for rid in followed.open_ids:
             self._by_request[rid] = followed
 
-    def follow(self, followed: Followed, replica: str) -> None:
-        """`followed`'s events come on `replica`'s feed (opened if it is not)."""
-        followed.replica = replica
-        if replica not in self._readers:
-            self._readers[replica] = asyncio.get_running_loop().create_task(self._read(replica))
+    def taken(self, followed: Followed, taken: Taken) -> None:
+        """A replica took `followed`'s call: its events come on that replica's feed, or on the call
+        itself; either way the feed is opened for the requests to come."""
+        if taken.on_feed:
+            followed.replica = taken.replica_id
+        else:
+            self.unfollow(followed)
+        self.open(taken.replica_id)
 
-    def unfollow(self, followed: Followed) -> None:
-        """Its events, if any still come, go nowhere."""
+    def unfollow(self, followed: Followed, stale: bool = False) -> None:
+        """Its events, if any still come, go nowhere; `stale`: nor will its replica's, if it is sent again."""
         for rid in followed.sinks:
             if self._by_request.get(rid) is followed:
                 del self._by_request[rid]
+        if stale and followed.replica is not None:
+            followed.stale.add(followed.replica)
         followed.replica = None
+
+    def open(self, replica: str) -> None:
+        loop = asyncio.get_running_loop()
+        if replica not in self._readers and loop.time() >= self._not_before.get(replica, 0.0):
+            self._readers[replica] = loop.create_task(self._read(replica))
 
     def close(self) -> None:
         for reader in self._readers.values():
@@ -81,26 +96,32 @@ class Feeds:
 
     async def _read(self, replica: str) -> None:
         why = None
+        call = self.handle.remote(FeedRequest(self.ingress_id, replica))
         try:
-            async for batch in self.handle.remote(FeedRequest(self.ingress_id, replica)):
+            await asyncio.wait_for(call.__anext__(), FEED_OPEN_TIMEOUT_S)  # [] once attached there
+            async for batch in call:
                 for out in batch:
                     followed = self._by_request.get(out.request_id)
-                    if followed is not None:
-                        followed.replica = followed.replica or replica  # ahead of its call's own word
-                        followed.deliver(out)
-                        if out.finished:
-                            del self._by_request[out.request_id]
+                    if followed is None or replica in followed.stale:
+                        continue
+                    followed.replica = followed.replica or replica  # ahead of its call's own word
+                    followed.deliver(out)
+                    if out.finished:
+                        del self._by_request[out.request_id]
         except asyncio.CancelledError:
+            call.cancel()
             raise
         except Exception as e:  # noqa: BLE001 - its requests end with the reason
+            call.cancel()
             why = f"the replica's stream of events failed: {type(e).__name__}: {e}"
+            self._not_before[replica] = asyncio.get_running_loop().time() + FEED_RETRY_S
         finally:
             if self._readers.get(replica) is asyncio.current_task():
                 del self._readers[replica]
         on_it = {id(f): f for f in self._by_request.values() if f.replica == replica}.values()
         if why is None:
             if on_it:  # it ended as a request was taken there: open it again (the replica kept the events)
-                self.follow(next(iter(on_it)), replica)
+                self.open(replica)
             return
         log.warning("feed of replica %s ended: %s", replica, why)
         for followed in list(on_it):

@@ -53,8 +53,10 @@ class KVCacheRequestRouter(RequestRouter):
         if not candidate_replicas:
             return []
         self._sync(candidate_replicas)
+        if pending_request is not None:  # when no replica takes it, Serve waits before asking again
+            pending_request.routing_context.should_backoff = True
         target = _feed_target(pending_request)
-        if target is not None:  # an ingress's feed: its replica, or none while it is not there (Serve waits)
+        if target is not None:  # an ingress's feed: its replica, or none while it is not there
             chosen = [r for r in candidate_replicas if r.replica_id.unique_id == target]
             return [chosen] if chosen else []
         sub = _submission(pending_request)

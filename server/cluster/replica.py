@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 from ray import serve
 
-from server.cluster.protocol import FeedRequest, Submission
+from server.cluster.protocol import FeedRequest, Submission, Taken
 from server.cluster.router import report_from
 from server.engine import AsyncSink, Engine, EngineArgs, TokenOutput
 
@@ -28,6 +28,7 @@ class Feed(asyncio.Queue):
     def __init__(self) -> None:
         super().__init__()
         self.waiting: dict[str, asyncio.Event] = {}  # request id -> set once its last event is queued
+        self.readers = 0  # `feed` calls attached to it
 
     def put_nowait(self, out: TokenOutput) -> None:
         super().put_nowait(out)
@@ -45,16 +46,18 @@ class EngineReplica:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._feeds: dict[str, Feed] = {}  # ingress id -> the events of its requests here
 
-    async def generate(self, sub: Submission) -> AsyncIterator[list[TokenOutput] | str]:
-        """With `sub.feed` (what the ingress sends): this replica's id once the engine took the prompt,
-        then nothing until every copy has its last event, which the ingress's feed carries. Without it:
-        an empty batch once taken, then the events of every copy in batches. A refusal (prompt too long,
-        queue full, shutting down) is the stream's exception, before any item."""
-        if sub.feed is None:
-            async for batch in self._generate_here(sub):
+    async def generate(self, sub: Submission) -> AsyncIterator[list[TokenOutput] | Taken]:
+        """With `sub.feed` (what the ingress sends) and that ingress's feed attached here: `Taken(on_feed)`
+        once the engine took the prompt, then nothing until every copy has its last event, which the feed
+        carries. Otherwise a first item once taken (`Taken`, or [] without `sub.feed`), then the events of
+        every copy in batches on this call. A refusal (prompt too long, queue full, shutting down) is the
+        stream's exception, before any item."""
+        feed = self._feeds.get(sub.feed) if sub.feed is not None else None
+        if feed is None or not feed.readers:
+            taken = [] if sub.feed is None else Taken(self.replica_id, on_feed=False)
+            async for batch in self._generate_here(sub, taken):
                 yield batch
             return
-        feed = self._feeds.setdefault(sub.feed, Feed())
         finished = {rid: asyncio.Event() for rid in sub.request_ids}
         feed.waiting.update(finished)
         try:
@@ -64,7 +67,7 @@ class EngineReplica:
                 feed.waiting.pop(rid, None)
             raise
         try:
-            yield self.replica_id  # taken
+            yield Taken(self.replica_id, on_feed=True)
             for done in finished.values():
                 await done.wait()
         finally:  # the ingress cancelled the call (client gone, timeout) or it ended
@@ -72,32 +75,38 @@ class EngineReplica:
                 if not done.is_set():
                     feed.waiting.pop(rid, None)
                     self.engine.abort(rid)
+            if not feed.readers and not feed.waiting and self._feeds.get(sub.feed) is feed:
+                del self._feeds[sub.feed]  # its feed is gone: nothing will read what is left
 
     async def feed(self, req: FeedRequest) -> AsyncIterator[list[TokenOutput]]:
         """The events of every request the ingress `req.ingress_id` sent here, one item per engine step (or
         more steps, when the ingress reads slower): an empty item once open, and the end once no request
         of that ingress has been open here for FEED_IDLE_S (the ingress opens it again when it needs it)."""
         feed = self._feeds.setdefault(req.ingress_id, Feed())
-        yield []
-        while True:
-            try:  # while a request is open its last event will come: no timer then
-                batch = [await (feed.get() if feed.waiting else asyncio.wait_for(feed.get(), FEED_IDLE_S))]
-            except asyncio.TimeoutError:
-                if not feed.waiting and feed.empty():
-                    if self._feeds.get(req.ingress_id) is feed:
-                        del self._feeds[req.ingress_id]
-                    return
-                continue
-            while not feed.empty():
-                batch.append(feed.get_nowait())
-            yield batch
+        feed.readers += 1
+        try:
+            yield []
+            while True:
+                try:  # while a request is open its last event will come: no timer then
+                    batch = [await (feed.get() if feed.waiting else asyncio.wait_for(feed.get(), FEED_IDLE_S))]
+                except asyncio.TimeoutError:
+                    if not feed.waiting and feed.empty():
+                        return
+                    continue
+                while not feed.empty():
+                    batch.append(feed.get_nowait())
+                yield batch
+        finally:  # idle, or cancelled (the ingress closed it, or is gone): forgotten once nothing waits on it
+            feed.readers -= 1
+            if not feed.readers and not feed.waiting and self._feeds.get(req.ingress_id) is feed:
+                del self._feeds[req.ingress_id]
 
-    async def _generate_here(self, sub: Submission) -> AsyncIterator[list[TokenOutput]]:
+    async def _generate_here(self, sub: Submission, taken: list | Taken) -> AsyncIterator[list[TokenOutput] | Taken]:
         events: asyncio.Queue = asyncio.Queue()
         self._submit(sub, events)
         open_ids = set(sub.request_ids)
         try:
-            yield []  # taken
+            yield taken
             while open_ids:
                 batch = [await events.get()]
                 while not events.empty():
