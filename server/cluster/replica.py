@@ -17,9 +17,10 @@ from ray import serve
 
 from server.cluster.protocol import FeedRequest, Submission, Taken
 from server.cluster.router import report_from
-from server.engine import AsyncSink, Engine, EngineArgs, TokenOutput
+from server.engine import AsyncSink, Engine, EngineArgs, QueueFullError, TokenOutput
 
 FEED_IDLE_S = 2.0  # a feed with no request open for this long ends (so that Serve can stop the replica)
+ENGINE_ROOM_POLL_S = 0.01  # how often a call in the feed's place looks for room in the engine
 
 
 class Feed(asyncio.Queue):
@@ -103,7 +104,17 @@ class EngineReplica:
 
     async def _generate_here(self, sub: Submission, taken: list | Taken) -> AsyncIterator[list[TokenOutput] | Taken]:
         events: asyncio.Queue = asyncio.Queue()
-        self._submit(sub, events)
+        while True:
+            try:
+                self._submit(sub, events)
+                break
+            except QueueFullError:
+                # Serve counts one place more than the engine holds, for the ingress's feed; a call that
+                # took it while no feed did waits here for room, as it would have in Serve's queue (until
+                # the ingress cancels it at its deadline). Copies were never counted one place each: refused
+                if sub.feed is None or len(sub.params) > 1:
+                    raise
+                await asyncio.sleep(ENGINE_ROOM_POLL_S)
         open_ids = set(sub.request_ids)
         try:
             yield taken

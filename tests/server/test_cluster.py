@@ -279,8 +279,9 @@ def test_a_request_no_replica_takes_ends_at_its_deadline_and_the_router_counts_n
     streams end, the router counts no request in flight anywhere: not the ones cancelled in Serve's
     queue before any replica took them, nor the refused ones."""
     url = cluster["small"]
-    # uncached, each step recomputes the whole sequence: seconds on the replica, past any probe's deadline
-    long = {"inputs": "a long one", "parameters": {"max_new_tokens": 400, "ignore_eos": True, "speculative": False,
+    # uncached, each step recomputes the whole sequence: seconds on the replica (400 tokens took 0.7 s on a
+    # fast core, 900 about 3 s), past any probe's deadline
+    long = {"inputs": "a long one", "parameters": {"max_new_tokens": 900, "ignore_eos": True, "speculative": False,
                                                    "use_cache": False}}
     stop = threading.Event()
 

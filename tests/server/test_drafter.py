@@ -45,7 +45,8 @@ def test_draft_length_keeps_the_tokens_whose_acceptance_chance_beats_the_break_e
 
 def run(drafter: Drafter, req: Request, text: list[int]) -> list[list[int]]:
     """Steps the request through `text`, as the engine would: each step verifies its draft against the
-    text (the target's own tokens), records it and gains the accepted tokens plus one. Returns the drafts."""
+    text (the target's own tokens), records it and gains the accepted tokens plus one (counting the
+    accepted ones in the request's stats, as the engine does as it appends them). Returns the drafts."""
     drafts, at = [], 0
     while at < len(text):
         req.num_computed = req.num_tokens - 1
@@ -56,6 +57,7 @@ def run(drafter: Drafter, req: Request, text: list[int]) -> list[list[int]]:
         if draft:
             drafter.record(req, len(draft), accepted)
         req.token_ids += text[at:at + accepted + 1]
+        req.stats.accepted_draft_tokens += accepted
         at += accepted + 1
     return drafts
 
