@@ -6,9 +6,7 @@ Each submitted prompt is one streaming call to a replica, chosen by the request 
 it); a refusal comes instead as the call's exception, and `admitted` raises it as the local engine's
 `submit` would: QueueFullError for a full engine queue, or when Serve's own queue in front of the
 replicas is full (every replica at `max_ongoing_requests`), EngineStoppedError for a replica shutting
-down. That item names the replica that took it; the request's events come on that replica's feed
-(feeds.py: one stream per replica for all of this ingress's requests there, a step at a time) and are
-handed to the request's sink as they come; its call ends once the replica has its last event. Faults:
+down. The call's batches of events are then handed to the request's sink as they come. Faults:
 - a call that fails before its first event (the replica died before it produced a token) is sent
   again, up to `RETRIES` times, and the router places it on a live replica;
 - a call that fails later ends each of its requests with an error event, never a hang;
@@ -22,17 +20,15 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 from model.checkpoint import load_tokenizer
 from model.config import GPTConfig, PromptError
 from model.generate import check_prompt
 from model.sampling import SamplingParams
-from server.cluster.feeds import Feeds, Followed
-from server.cluster.protocol import Submission, Taken
+from server.cluster.protocol import Submission
 from server.cluster.router import ReplicaReport, Router
-from server.engine import FINISH_ABORT, FINISH_ERROR, EngineArgs, EngineInfo
+from server.engine import FINISH_ABORT, FINISH_ERROR, AsyncSink, EngineArgs, EngineInfo, TokenOutput
 
 log = logging.getLogger("kvserve.cluster")
 
@@ -47,8 +43,6 @@ class RayEngineClient:
         process's router once Ray Serve made it; `loop`: the ingress's event loop, where the handle is used
         (Ray Serve may run the handle's router on it, and then refuses calls from other threads)."""
         self.handle = handle.options(stream=True, method_name="generate")
-        self.ingress_id = f"ingress-{uuid.uuid4().hex}"
-        self.feeds = Feeds(handle, self.ingress_id)
         self.loop = loop
         self.engine_args = engine_args
         self.tokenizer = load_tokenizer(engine_args.checkpoint)
@@ -158,29 +152,26 @@ class RayEngineClient:
     def shutdown(self, timeout: float = 30.0) -> None:
         for call in list(self._calls.values()):
             call.get_loop().call_soon_threadsafe(call.cancel)
-        self.loop.call_soon_threadsafe(self.feeds.close)
 
     # ---- one call -----------------------------------------------------------------------------------
 
     def _start(self, sub: Submission, sinks: list) -> None:
         loop = asyncio.get_running_loop()
         admission = loop.create_future()
-        followed = Followed(dict(zip(sub.request_ids, sinks)), set(sub.request_ids), loop.create_future())
-        call = loop.create_task(self._relay(replace(sub, feed=self.ingress_id), followed, admission))
+        by_id, open_ids = dict(zip(sub.request_ids, sinks)), set(sub.request_ids)
+        call = loop.create_task(self._relay(sub, by_id, open_ids, admission))
         # whatever way the call ends, even cancelled before its first line ran (an abort right after submit)
-        call.add_done_callback(lambda task: self._ended(task, sub, followed, admission))
+        call.add_done_callback(lambda task: self._ended(task, sub, by_id, open_ids, admission))
         for rid in sub.request_ids:
             self._calls[rid] = call
             self._admissions[rid] = admission
 
-    def _ended(self, call: asyncio.Task, sub: Submission, followed: Followed, admission: asyncio.Future) -> None:
+    def _ended(self, call: asyncio.Task, sub: Submission, sinks: dict, open_ids: set, admission: asyncio.Future) -> None:
         """Every request of the call has its last event, its admission an answer, and the call is forgotten."""
-        self.feeds.unfollow(followed)
-        if call.cancelled():  # a call cancelled before it ran, or a stream that stopped short
-            followed.end(FINISH_ABORT)
-        else:
-            followed.end(FINISH_ERROR, followed.lost or "the replica's stream ended before the request did",
-                         "generation")
+        for rid in list(open_ids):  # a call cancelled before it ran, or a stream that stopped short
+            _deliver(sinks[rid], _end(rid, FINISH_ABORT) if call.cancelled() else
+                     _end(rid, FINISH_ERROR, "the replica's stream ended before the request did", "generation"))
+        open_ids.clear()
         if not admission.done():  # ended otherwise: its events say how
             admission.set_result(None)
         router = self._router()
@@ -191,48 +182,46 @@ class RayEngineClient:
                 del self._calls[rid]
                 self._admissions.pop(rid, None)
 
-    async def _relay(self, sub: Submission, followed: Followed, admission: asyncio.Future) -> None:
+    async def _relay(self, sub: Submission, sinks: dict, open_ids: set, admission: asyncio.Future) -> None:
         response = None
         try:
             for attempt in range(RETRIES + 1):
+                started = False
                 try:
-                    self.feeds.expect(followed)
                     response = self.handle.remote(sub)
-                    async for item in response:
+                    async for batch in response:
                         if not admission.done():
                             admission.set_result(None)
-                        if isinstance(item, Taken):  # the replica that took it, and where its events come
-                            self.feeds.taken(followed, item)
-                        else:  # a batch of its events, on its own stream
-                            for out in item:
-                                followed.deliver(out)
-                    await followed.closed  # the call ended with its requests: their last events, on the feed
+                        started = started or bool(batch)
+                        for out in batch:
+                            _deliver(sinks[out.request_id], out)
+                            if out.finished:
+                                open_ids.discard(out.request_id)
                     return
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # noqa: BLE001 - every failure reaches the client as an event
-                    self.feeds.unfollow(followed, stale=True)
-                    if not followed.started and attempt < RETRIES and _replica_gone(e):
+                    if not started and attempt < RETRIES and _replica_gone(e):
                         log.warning("replica gone before request %s started (%s); retrying", sub.request_ids[0],
                                     type(e).__name__)
-                        followed.lost = None
-                        if followed.closed.done():  # set by its feed's end: the next call waits again
-                            followed.closed = asyncio.get_running_loop().create_future()
                         await asyncio.sleep(RETRY_BACKOFF_S * 2**attempt)
                         continue
                     refusal = _refusal(e)
                     if refusal is not None and not admission.done():  # an HTTP status, not an error event
                         admission.set_exception(refusal)
-                        followed.open_ids.clear()
+                        open_ids.clear()
                         return
                     log.warning("request %s failed on its replica: %s", sub.request_ids[0], e)
-                    followed.end(FINISH_ERROR, _message(e), _error_type(e))
+                    for rid in list(open_ids):
+                        _deliver(sinks[rid], _end(rid, FINISH_ERROR, _message(e), _error_type(e)))
+                    open_ids.clear()
                     return
         except asyncio.CancelledError:
             if response is not None:  # the replica's generator too, whichever transport Serve uses
                 _cancel(response)
-            self.feeds.unfollow(followed)
-            followed.end(FINISH_ABORT)
+            for rid in list(open_ids):
+                _deliver(sinks[rid], _end(rid, FINISH_ABORT))
+            open_ids.clear()
             raise
 
 
@@ -243,6 +232,17 @@ def _cancel(response) -> None:
     assigned = getattr(response, "_replica_result_future", None)  # Serve 2.60's; absent elsewhere
     if assigned is not None and assigned.done() and not assigned.cancelled() and assigned.exception() is None:
         assigned.result().cancel()
+
+
+def _deliver(sink, out: TokenOutput) -> None:
+    if isinstance(sink, AsyncSink):  # on its loop already
+        sink.events.put_nowait(out)
+    else:
+        sink(out)
+
+
+def _end(request_id: str, reason: str, error: str | None = None, error_type: str | None = None) -> TokenOutput:
+    return TokenOutput(request_id, 0, None, "", 0.0, False, reason, error=error, error_type=error_type)
 
 
 def _cause(e: BaseException) -> BaseException:

@@ -16,23 +16,3 @@ class Submission:
     use_cache: bool  # False: computed without the prefix cache
     cache_salt: str | None  # the prefix-cache namespace (None: the shared one)
     speculative: bool = True  # False: no speculative decoding for it (the output is the same either way)
-    feed: str | None = None  # the ingress whose feed carries its events (None: the call's own stream)
-
-
-@dataclass(frozen=True)
-class Taken:
-    """A replica's first answer to a call with a feed: its engine took the prompt. Its events then come
-    on the ingress's feed from this replica (`on_feed`), or on the call itself where no feed of that
-    ingress is attached there (yet, or any more)."""
-
-    replica_id: str
-    on_feed: bool
-
-
-@dataclass(frozen=True)
-class FeedRequest:
-    """An ingress's call to one replica for the events of all its requests there: one stream item per
-    engine step (replica.py). The request router sends it to that replica (ray_router.py)."""
-
-    ingress_id: str
-    replica_id: str

@@ -172,15 +172,14 @@ class Engine:
                                             speculative)])[0]
 
     def submit_copies(self, prompt_ids: list[int], params: list[SamplingParams], sinks: list[Sink], *,
-                      use_cache: bool = True, cache_salt: str | None = None, speculative: bool = True,
-                      request_ids: list[str] | None = None) -> list[str]:
+                      use_cache: bool = True, cache_salt: str | None = None, speculative: bool = True) -> list[str]:
         """Several requests for one prompt (OpenAI's n and best_of): the first reads the prompt, the others
         wait until its keys and values are in the prefix cache and take them from there. All or none
-        are queued. `request_ids`: the copies' ids (default: new ones)."""
+        are queued."""
         check_fits(prompt_ids, max(p.max_new_tokens for p in params), self.blocks, self.context_length,
                    self.model_config.vocab_size, copies=len(params))  # the longest copy decides
-        reqs = [self._request(prompt_ids, p, sink, use_cache, rid, cache_salt, speculative)
-                for p, sink, rid in zip(params, sinks, request_ids or [None] * len(params))]
+        reqs = [self._request(prompt_ids, p, sink, use_cache, None, cache_salt, speculative)
+                for p, sink in zip(params, sinks)]
         if use_cache and self.config.enable_prefix_caching and params[0].prompt_logprobs is None:
             for req in reqs[1:]:
                 req.wait_for = reqs[0]

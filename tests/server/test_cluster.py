@@ -155,18 +155,6 @@ def test_two_replicas_answer_what_a_single_server_answers_streamed_and_not(clust
     assert "max_tokens" in b.json()["error"]["message"] and "KV-cache blocks" in b.json()["error"]["message"]
 
 
-def test_a_replica_streams_again_after_its_feed_ended_for_idleness(cluster, single):
-    """A replica's feed (every event of this ingress's requests there, one item a step) ends once no
-    request has been open there for FEED_IDLE_S; the next request there opens it again."""
-    from server.cluster.replica import FEED_IDLE_S
-    body = {"inputs": "JULIET: wherefore art", "parameters": {"max_new_tokens": 12, "details": True}}
-    one = _post(single, "/generate", body)
-    _post(cluster["kv"], "/generate", body)
-    time.sleep(FEED_IDLE_S + 1.5)
-    streamed = _stream(cluster["kv"], "/generate_stream", body)
-    assert [e["token"]["id"] for e in streamed] == [t["id"] for t in one["details"]["tokens"]]
-
-
 def _tenant_runs(url: str, seed: int) -> list[tuple[int, int]]:
     """Four tenants' prefixes (~200 tokens each), each asked 4 times in shuffled order: (tenant, cached)."""
     rng = random.Random(seed)
