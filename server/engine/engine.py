@@ -292,13 +292,11 @@ class Engine:
                 stopping = self._stopping
             with self._step_lock:
                 if stopping:
-                    try:
-                        while self._calls:
-                            future = self._calls.popleft()[1]
-                            if future.set_running_or_notify_cancel():  # its caller may have cancelled it
-                                future.set_exception(EngineStoppedError("the engine is shut down"))
-                    finally:
-                        self._end_all_for_shutdown()
+                    while self._calls:
+                        future = self._calls.popleft()[1]
+                        if future.set_running_or_notify_cancel():  # its caller may have cancelled it
+                            future.set_exception(EngineStoppedError("the engine is shut down"))
+                    self._end_all_for_shutdown()
                     return
                 self._run_calls()
                 try:

@@ -326,7 +326,9 @@ def test_blocks_left_non_finite_by_a_failed_request_never_reach_the_next_holder(
     eng.blocks.check_invariants()
 
 
-def test_shutdown_never_frees_state_under_a_running_step(tiny_model, tiny_tokenizer, monkeypatch):
+def _engine_held_mid_step(tiny_model, tiny_tokenizer, monkeypatch):
+    """A started 16-block engine whose one request is stopped inside a step (after its second token) until
+    `release` is set. Returns (engine, the request's events, release)."""
     eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=2, num_blocks=16, threads=1).start()
     in_step, release = threading.Event(), threading.Event()
     real_execute = eng.runner.run
@@ -342,16 +344,26 @@ def test_shutdown_never_frees_state_under_a_running_step(tiny_model, tiny_tokeni
     eng.submit(tiny_tokenizer.encode("To be"), SamplingParams(max_new_tokens=50, temperature=0, ignore_eos=True),
                events.put)
     assert in_step.wait(30)
-    held = 16 - eng.blocks.num_free_blocks
-    eng.shutdown(timeout=0.2)  # returns while the step is still running
-    assert eng.blocks.num_free_blocks == 16 - held, "shutdown freed blocks under a running step"
-    assert eng.num_running == 1
+    return eng, events, release
+
+
+def _last_event_after_release(eng: Engine, events: queue.Queue, release: threading.Event) -> TokenOutput:
     release.set()
     eng._thread.join(30)
     outs = []
     while not events.empty():
         outs.append(events.get())
-    assert outs[-1].finish_reason == "error" and outs[-1].error_type == "shutdown"
+    return outs[-1]
+
+
+def test_shutdown_never_frees_state_under_a_running_step(tiny_model, tiny_tokenizer, monkeypatch):
+    eng, events, release = _engine_held_mid_step(tiny_model, tiny_tokenizer, monkeypatch)
+    held = 16 - eng.blocks.num_free_blocks
+    eng.shutdown(timeout=0.2)  # returns while the step is still running
+    assert eng.blocks.num_free_blocks == 16 - held, "shutdown freed blocks under a running step"
+    assert eng.num_running == 1
+    last = _last_event_after_release(eng, events, release)
+    assert last.finish_reason == "error" and last.error_type == "shutdown"
     assert eng.blocks.num_free_blocks == 16 and eng.num_running == 0
 
 
@@ -359,29 +371,11 @@ def test_a_between_steps_call_cancelled_by_its_caller_does_not_stop_the_shutdown
                                                                                   monkeypatch):
     """GET /kv's call, cancelled when its client leaves, while a shutdown waits for the step it is behind: the
     engine still ends its requests with a shutdown event, fails the calls still waiting, and frees every block."""
-    eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=2, num_blocks=16, threads=1).start()
-    in_step, release = threading.Event(), threading.Event()
-    real_execute = eng.runner.run
-
-    def slow_execute(sched):
-        if eng.scheduler.running and eng.scheduler.running[0].num_output_tokens >= 2:
-            in_step.set()
-            release.wait(30)
-        return real_execute(sched)
-
-    monkeypatch.setattr(eng.runner, "run", slow_execute)
-    events = queue.Queue()
-    eng.submit(tiny_tokenizer.encode("To be"), SamplingParams(max_new_tokens=50, temperature=0, ignore_eos=True),
-               events.put)
-    assert in_step.wait(30)
+    eng, events, release = _engine_held_mid_step(tiny_model, tiny_tokenizer, monkeypatch)
     cancelled, waiting = eng.run_between_steps(lambda: 1), eng.run_between_steps(lambda: 2)
     assert cancelled.cancel()
     eng.shutdown(timeout=0.2)
-    release.set()
-    eng._thread.join(30)
-    outs = []
-    while not events.empty():
-        outs.append(events.get())
-    assert outs[-1].finish_reason == "error" and outs[-1].error_type == "shutdown"
+    last = _last_event_after_release(eng, events, release)
+    assert last.finish_reason == "error" and last.error_type == "shutdown"
     assert isinstance(waiting.exception(timeout=5), EngineStoppedError)
     assert eng.blocks.num_free_blocks == 16 and eng.num_running == 0
