@@ -46,6 +46,9 @@ def cluster_parser() -> argparse.ArgumentParser:
     ap.add_argument("--engine-niceness", type=int, choices=range(20), default=CLUSTER_ENGINE_NICENESS,
                     metavar="0..19", help="added to each replica's engine-thread nice value: the ingress and the "
                     "replicas' streaming threads run before the compute when they share cores (default: 4)")
+    ap.add_argument("--no-feeds", dest="feeds", action="store_false",
+                    help="each request's events ride its own call to its replica (an item per request and step), "
+                         "not the replica's feed (an item per step for all of them)")
     ap.add_argument("--serve-proxy", action="store_true",
                     help="local Ray: serve HTTP through Ray Serve's proxy, a second hop for every token, instead "
                          "of from the ingress replica itself (Serve's direct ingress, the default)")
@@ -79,7 +82,7 @@ def settings_from(args: argparse.Namespace):
                            dtype=args.dtype, replica_cpus=args.replica_cpus, min_replicas=args.min_replicas,
                            max_replicas=args.max_replicas, target_ongoing_requests=args.target_ongoing_requests,
                            limits=limits_from(args), api_key=args.api_key, cors_origins=tuple(args.cors_origin),
-                           model_name=args.served_model_name, shutdown_grace=args.shutdown_grace)
+                           model_name=args.served_model_name, shutdown_grace=args.shutdown_grace, feeds=args.feeds)
 
 
 def _spare_port(host: str) -> int:

@@ -37,7 +37,7 @@ class ClusterSettings:
 
     checkpoint: Path  # the checkpoint every replica loads
     replicas: int = 2  # fixed number of replicas (without autoscaling)
-    router: str = "kv"  # kv, pow2 (Ray's own) or round-robin
+    router: str = "kv"  # kv, pow2 (Ray Serve's choice) or round-robin
     imbalance_threshold: int = 4  # kv: requests of load gap past which the least loaded replica wins
     engine: EngineConfig = field(default_factory=EngineConfig)  # per replica (--kv-cache-memory is per replica)
     device: str = "cpu"
@@ -52,6 +52,7 @@ class ClusterSettings:
     warmup: bool = True
     model_name: str | list[str] | None = None  # --served-model-name; default: the checkpoint's folder name
     shutdown_grace: float = 30.0  # --shutdown-grace: seconds requests in flight get when the app stops
+    feeds: bool = True  # False (--no-feeds): each request's events ride its own call (client.py)
 
     @property
     def autoscaling(self) -> bool:
@@ -63,7 +64,7 @@ def replica_options(s: ClusterSettings) -> dict:
     opts: dict = {"ray_actor_options": {"num_cpus": s.replica_cpus},
                   # a replica is offered what its engine holds, running and waiting; past that, on every
                   # replica, Serve's queue in the ingress holds --max-waiting more, then refuses (429)
-                  "max_ongoing_requests": s.engine.max_num_seqs + s.engine.max_waiting,
+                  "max_ongoing_requests": s.engine.max_num_seqs + s.engine.max_waiting + int(s.feeds),  # + a feed
                   "max_queued_requests": max(1, s.engine.max_waiting),
                   "health_check_period_s": 2.0, "health_check_timeout_s": 30.0,
                   "graceful_shutdown_timeout_s": s.shutdown_grace}
@@ -73,12 +74,13 @@ def replica_options(s: ClusterSettings) -> dict:
             initial_replicas=s.replicas, target_ongoing_requests=s.target_ongoing_requests)
     else:
         opts["num_replicas"] = s.replicas
-    if s.router != "pow2":  # pow2 is Ray Serve's default router
-        opts["request_router_config"] = RequestRouterConfig(
-            request_router_class=KVCacheRequestRouter,
-            request_router_kwargs={"policy": s.router, "block_size": s.engine.block_size,
-                                   "imbalance_threshold": s.imbalance_threshold},
-            request_routing_stats_period_s=ROUTING_STATS_PERIOD_S, request_routing_stats_timeout_s=5.0)
+    # every policy through our router class, which sends each ingress's feed to its replica (pow2 there is
+    # Ray Serve's own choice: two replicas at random, the shorter queue by Serve's probes)
+    opts["request_router_config"] = RequestRouterConfig(
+        request_router_class=KVCacheRequestRouter,
+        request_router_kwargs={"policy": s.router, "block_size": s.engine.block_size,
+                               "imbalance_threshold": s.imbalance_threshold},
+        request_routing_stats_period_s=ROUTING_STATS_PERIOD_S, request_routing_stats_timeout_s=5.0)
     return opts
 
 
@@ -90,7 +92,7 @@ class Ingress:
         self.settings = settings
         # Serve runs __init__ on the loop that serves the requests
         self.client = RayEngineClient(replicas, engine_args_of(settings), lambda: ROUTERS.get(REPLICA_DEPLOYMENT),
-                                      asyncio.get_running_loop())
+                                      asyncio.get_running_loop(), feeds=settings.feeds)
         self.app_name = serve.get_replica_context().app_name
         self._ready = (0.0, 0)  # (when read, replicas running)
         self._reading: asyncio.Future | None = None

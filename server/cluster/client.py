@@ -6,10 +6,13 @@ Each submitted prompt is one streaming call to a replica, chosen by the request 
 it); a refusal comes instead as the call's exception, and `admitted` raises it as the local engine's
 `submit` would: QueueFullError for a full engine queue, or when Serve's own queue in front of the
 replicas is full (every replica at `max_ongoing_requests`), EngineStoppedError for a replica shutting
-down. The call's batches of events are then handed to the request's sink as they come. Faults:
+down. That item (`Taken`) also names the stream the request's events ride: the replica's feed (feeds.py:
+one stream from each replica for all of this ingress's requests there, a step at a time) or the call
+itself; they are handed to the request's sinks as they come. Faults:
 - a call that fails before its first event (the replica died before it produced a token) is sent
-  again, up to `RETRIES` times, and the router places it on a live replica;
-- a call that fails later ends each of its requests with an error event, never a hang;
+  again, up to `RETRIES` times, with request ids of its own, and the router places it on a live replica;
+- a call that fails later, or whose feed ends first, ends each of its requests with an error event,
+  never a hang;
 - `abort` cancels the call: Ray cancels the replica's generator, which aborts the engine request, and
   the request ends here with an 'abort' event at once.
 """
@@ -20,15 +23,17 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from model.checkpoint import load_tokenizer
 from model.config import GPTConfig, PromptError
 from model.generate import check_prompt
 from model.sampling import SamplingParams
-from server.cluster.protocol import Submission
+from server.cluster.feeds import Feeds, Followed, wire_id
+from server.cluster.protocol import Submission, Taken
 from server.cluster.router import ReplicaReport, Router
-from server.engine import FINISH_ABORT, FINISH_ERROR, AsyncSink, EngineArgs, EngineInfo, TokenOutput
+from server.engine import FINISH_ABORT, FINISH_ERROR, EngineArgs, EngineInfo
 
 log = logging.getLogger("kvserve.cluster")
 
@@ -38,11 +43,14 @@ RETRY_BACKOFF_S = 0.5  # seconds before the first retry, doubled each time
 
 class RayEngineClient:
     def __init__(self, handle, engine_args: EngineArgs, router: Callable[[], Router | None],
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, feeds: bool = True) -> None:
         """`handle`: the replicas' DeploymentHandle; `engine_args`: what each replica runs; `router`: this
         process's router once Ray Serve made it; `loop`: the ingress's event loop, where the handle is used
-        (Ray Serve may run the handle's router on it, and then refuses calls from other threads)."""
+        (Ray Serve may run the handle's router on it, and then refuses calls from other threads); `feeds`:
+        False to have every request's events ride its own call."""
         self.handle = handle.options(stream=True, method_name="generate")
+        self.ingress_id = f"ingress-{uuid.uuid4().hex}" if feeds else None  # None: the replicas open no feed
+        self.feeds = Feeds(handle, self.ingress_id)
         self.loop = loop
         self.engine_args = engine_args
         self.tokenizer = load_tokenizer(engine_args.checkpoint)
@@ -152,76 +160,86 @@ class RayEngineClient:
     def shutdown(self, timeout: float = 30.0) -> None:
         for call in list(self._calls.values()):
             call.get_loop().call_soon_threadsafe(call.cancel)
+        self.loop.call_soon_threadsafe(self.feeds.close)
 
     # ---- one call -----------------------------------------------------------------------------------
 
     def _start(self, sub: Submission, sinks: list) -> None:
         loop = asyncio.get_running_loop()
         admission = loop.create_future()
-        by_id, open_ids = dict(zip(sub.request_ids, sinks)), set(sub.request_ids)
-        call = loop.create_task(self._relay(sub, by_id, open_ids, admission))
+        followed = Followed(dict(zip(sub.request_ids, sinks)), set(sub.request_ids), loop.create_future())
+        call = loop.create_task(self._relay(sub, followed, admission))
         # whatever way the call ends, even cancelled before its first line ran (an abort right after submit)
-        call.add_done_callback(lambda task: self._ended(task, sub, by_id, open_ids, admission))
+        call.add_done_callback(lambda task: self._ended(task, sub, followed, admission))
         for rid in sub.request_ids:
             self._calls[rid] = call
             self._admissions[rid] = admission
 
-    def _ended(self, call: asyncio.Task, sub: Submission, sinks: dict, open_ids: set, admission: asyncio.Future) -> None:
+    def _ended(self, call: asyncio.Task, sub: Submission, followed: Followed, admission: asyncio.Future) -> None:
         """Every request of the call has its last event, its admission an answer, and the call is forgotten."""
-        for rid in list(open_ids):  # a call cancelled before it ran, or a stream that stopped short
-            _deliver(sinks[rid], _end(rid, FINISH_ABORT) if call.cancelled() else
-                     _end(rid, FINISH_ERROR, "the replica's stream ended before the request did", "generation"))
-        open_ids.clear()
+        self.feeds.unfollow(followed)
+        if call.cancelled():  # a call cancelled before it ran, or a stream that stopped short
+            followed.end(FINISH_ABORT)
+        else:
+            followed.end(FINISH_ERROR, "the replica's stream ended before the request did", "generation")
         if not admission.done():  # ended otherwise: its events say how
             admission.set_result(None)
         router = self._router()
         if router is not None:  # a call no replica took (cancelled in Serve's queue) counts on none
-            router.release(sub.request_ids[0])
+            for attempt in range(followed.attempt + 1):
+                router.release(wire_id(sub.request_ids[0], attempt))  # each attempt's call, by its first id
         for rid in sub.request_ids:
             if self._calls.get(rid) is call:
                 del self._calls[rid]
                 self._admissions.pop(rid, None)
 
-    async def _relay(self, sub: Submission, sinks: dict, open_ids: set, admission: asyncio.Future) -> None:
+    async def _relay(self, sub: Submission, followed: Followed, admission: asyncio.Future) -> None:
         response = None
         try:
             for attempt in range(RETRIES + 1):
-                started = False
+                followed.attempt = attempt
                 try:
-                    response = self.handle.remote(sub)
-                    async for batch in response:
+                    self.feeds.expect(followed)
+                    response = self.handle.remote(replace(sub, request_ids=list(followed.wire_ids),
+                                                          ingress_id=self.ingress_id))
+                    async for item in response:
                         if not admission.done():
                             admission.set_result(None)
-                        started = started or bool(batch)
-                        for out in batch:
-                            _deliver(sinks[out.request_id], out)
-                            if out.finished:
-                                open_ids.discard(out.request_id)
+                        if isinstance(item, Taken):  # the replica that took it, and where its events come
+                            self.feeds.taken(followed, item)
+                        else:  # a batch of its events, on its own stream
+                            for out in item:
+                                followed.deliver(out)
+                    if followed.feed_id is not None and followed.open_ids:  # their last events, on the feed
+                        await followed.closed
                     return
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # noqa: BLE001 - every failure reaches the client as an event
-                    if not started and attempt < RETRIES and _replica_gone(e):
+                    self.feeds.unfollow(followed)
+                    if not followed.open_ids:  # ended already (its feed ended first: the error said why)
+                        return
+                    if not followed.started and attempt < RETRIES and _replica_gone(e):
                         log.warning("replica gone before request %s started (%s); retrying", sub.request_ids[0],
                                     type(e).__name__)
+                        router = self._router()
+                        if router is not None:  # the next attempt is a call of its own, routed again
+                            router.release(wire_id(sub.request_ids[0], attempt))
                         await asyncio.sleep(RETRY_BACKOFF_S * 2**attempt)
                         continue
                     refusal = _refusal(e)
                     if refusal is not None and not admission.done():  # an HTTP status, not an error event
                         admission.set_exception(refusal)
-                        open_ids.clear()
+                        followed.open_ids.clear()
                         return
                     log.warning("request %s failed on its replica: %s", sub.request_ids[0], e)
-                    for rid in list(open_ids):
-                        _deliver(sinks[rid], _end(rid, FINISH_ERROR, _message(e), _error_type(e)))
-                    open_ids.clear()
+                    followed.end(FINISH_ERROR, _message(e), _error_type(e))
                     return
         except asyncio.CancelledError:
             if response is not None:  # the replica's generator too, whichever transport Serve uses
                 _cancel(response)
-            for rid in list(open_ids):
-                _deliver(sinks[rid], _end(rid, FINISH_ABORT))
-            open_ids.clear()
+            self.feeds.unfollow(followed)
+            followed.end(FINISH_ABORT)
             raise
 
 
@@ -232,17 +250,6 @@ def _cancel(response) -> None:
     assigned = getattr(response, "_replica_result_future", None)  # Serve 2.60's; absent elsewhere
     if assigned is not None and assigned.done() and not assigned.cancelled() and assigned.exception() is None:
         assigned.result().cancel()
-
-
-def _deliver(sink, out: TokenOutput) -> None:
-    if isinstance(sink, AsyncSink):  # on its loop already
-        sink.events.put_nowait(out)
-    else:
-        sink(out)
-
-
-def _end(request_id: str, reason: str, error: str | None = None, error_type: str | None = None) -> TokenOutput:
-    return TokenOutput(request_id, 0, None, "", 0.0, False, reason, error=error, error_type=error_type)
 
 
 def _cause(e: BaseException) -> BaseException:

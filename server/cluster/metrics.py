@@ -39,4 +39,12 @@ def cluster_metrics(client: RayEngineClient, router: Router | None) -> str:
               "queue or taken, by replica.", f"# TYPE {name} gauge"]
     for replica_id, state in sorted((router.replicas if router else {}).items()):
         lines.append(f'{name}{{replica="{replica_id}"}} {float(state.inflight)}')
+    name = PREFIX + "cluster_requests_total"
+    lines += [f"# HELP {name} Calls a replica took, by the stream their events rode: the replica's feed (one item "
+              "a step for all of them) or the call's own.", f"# TYPE {name} counter"]
+    for stream in ("feed", "call"):
+        lines.append(f'{name}{{stream="{stream}"}} {float(client.feeds.requests_by_stream[stream])}')
+    name = PREFIX + "cluster_feeds_failed_total"
+    lines += [f"# HELP {name} Replica feeds that broke or were never attached (the requests on them ended with an "
+              "error).", f"# TYPE {name} counter", f"{name} {float(client.feeds.feeds_failed)}"]
     return "\n".join(lines) + "\n"

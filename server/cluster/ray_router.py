@@ -4,18 +4,22 @@ Ray Serve creates one of these in every process that holds a handle to the repli
 ingress replica) and asks it, per request, for replicas in order of preference. It reads the prompt
 from the request's `Submission`, the replicas' reports from their `routing_stats` (which Serve polls
 from `EngineReplica.record_routing_stats` every `request_routing_stats_period_s`), and lets
-`server.cluster.router.Router` decide. Ray does the rest: it sends to the first replica of the first
-rank that has room (`max_ongoing_requests`), falls back to the next ranks, and retries a request that
-never started on a replica that died.
+`server.cluster.router.Router` decide. Ray does the rest: it sends to the replica of the first rank
+with room (`max_ongoing_requests`; within a rank, the shortest queue by its probes), falls back to the
+next ranks, and retries a request that never started on a replica that died. An ingress's feed
+(`FeedRequest`, feeds.py) goes to the replica it names. `pow2` hands Serve two replicas drawn at random
+as one rank, so that Serve's own probes pick the shorter queue: the choice of Ray Serve's
+`PowerOfTwoChoicesRequestRouter`, through the class that can send the feeds.
 """
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 import server.cluster.router as router_core
-from server.cluster.protocol import Submission
+from server.cluster.protocol import FeedRequest, Submission
 from server.cluster.router import ReplicaReport, Router
 
 
@@ -49,9 +53,17 @@ class KVCacheRequestRouter(RequestRouter):
         if not candidate_replicas:
             return []
         self._sync(candidate_replicas)
+        if pending_request is not None:  # when no replica takes it, Serve waits before asking again
+            pending_request.routing_context.should_backoff = True
+        target = _feed_target(pending_request)
+        if target is not None:  # an ingress's feed: its replica, or none while it is not there
+            chosen = [r for r in candidate_replicas if r.replica_id.unique_id == target]
+            return [chosen] if chosen else []
         sub = _submission(pending_request)
         if sub is None:  # not a generation (status calls): any replica
             return [candidate_replicas]
+        if self.router.policy == "pow2":  # Ray Serve's power of two choices: Serve takes the shorter queue
+            return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
         call_id = sub.request_ids[0]  # ours, one per call (`RayEngineClient` releases it when the call ends)
         decision = self.router.unsent.get(call_id)
         if decision is None or decision.replica_id not in self.router.replicas:
@@ -88,6 +100,15 @@ class KVCacheRequestRouter(RequestRouter):
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self.router.forget_cache(replica_id.unique_id)
+
+
+def _feed_target(pending: PendingRequest | None) -> str | None:
+    if pending is None:
+        return None
+    for arg in list(pending.args) + list(pending.kwargs.values()):
+        if isinstance(arg, FeedRequest):
+            return arg.replica_id
+    return None
 
 
 def _submission(pending: PendingRequest | None) -> Submission | None:

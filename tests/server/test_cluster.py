@@ -155,6 +155,32 @@ def test_two_replicas_answer_what_a_single_server_answers_streamed_and_not(clust
     assert "max_tokens" in b.json()["error"]["message"] and "KV-cache blocks" in b.json()["error"]["message"]
 
 
+def _requests_by_stream(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
+    return {stream: float(line.rsplit(" ", 1)[1]) for stream in ("feed", "call") for line in text.splitlines()
+            if line.startswith(f'kvserve:cluster_requests_total{{stream="{stream}"}}')}
+
+
+def test_requests_ride_their_replicas_feed_once_open_and_stream_again_after_it_ended_for_idleness(cluster, single):
+    """A replica's feed (every event of this ingress's requests there, one item a step) opens at the first
+    request there and carries the next ones; it ends once no request has been on it for FEED_IDLE_S, and
+    the next request there comes on its own call and opens it again. The tokens are the same either way."""
+    from server.cluster.replica import FEED_IDLE_S
+    body = {"inputs": "JULIET: wherefore art", "parameters": {"max_new_tokens": 12, "details": True}}
+    one = [t["id"] for t in _post(single, "/generate", body)["details"]["tokens"]]
+    time.sleep(FEED_IDLE_S + 1.5)  # the feeds the earlier tests opened have ended
+    before = _requests_by_stream(cluster["kv"])
+    for _ in range(4):  # on two replicas, the kv router sends the repeats where the first went
+        assert [t["id"] for t in _post(cluster["kv"], "/generate", body)["details"]["tokens"]] == one
+        time.sleep(0.3)  # its feed attaches
+    during = _requests_by_stream(cluster["kv"])
+    assert during["call"] - before["call"] >= 1 and during["feed"] - before["feed"] >= 2
+    time.sleep(FEED_IDLE_S + 1.5)
+    streamed = _stream(cluster["kv"], "/generate_stream", body)
+    assert [e["token"]["id"] for e in streamed] == one
+    assert _requests_by_stream(cluster["kv"])["call"] == during["call"] + 1
+
+
 def _tenant_runs(url: str, seed: int) -> list[tuple[int, int]]:
     """Four tenants' prefixes (~200 tokens each), each asked 4 times in shuffled order: (tenant, cached)."""
     rng = random.Random(seed)

@@ -37,7 +37,12 @@ def test_the_serve_config_files_deploy_the_same_application_with_autoscaling_fro
     assert (auto.min_replicas, auto.max_replicas, auto.initial_replicas, auto.target_ongoing_requests) == (2, 6, 3, 5)
     assert "num_replicas" not in opts and s.engine.kv_cache_memory == 64 * 2**20
     assert opts["request_router_config"].request_router_kwargs["policy"] == "kv"
-    assert "request_router_config" not in replica_options(settings_from(parse_args(["--router", "pow2"])))
+    engine_places = s.engine.max_num_seqs + s.engine.max_waiting
+    assert s.feeds and opts["max_ongoing_requests"] == engine_places + 1  # one more: the ingress's feed
+    no_feeds = settings_from(parse_args(["--checkpoint", str(tmp_path), "--no-feeds"]))
+    assert not no_feeds.feeds and replica_options(no_feeds)["max_ongoing_requests"] == engine_places
+    pow2 = replica_options(settings_from(parse_args(["--router", "pow2"])))["request_router_config"]
+    assert pow2.request_router_kwargs["policy"] == "pow2"  # our class, for the feeds; the choice is Serve's
     assert app_builder({"checkpoint": str(tmp_path), "replicas": 2}) is not None
     # a config's lists, nulls and switches as the command line takes them
     s = settings_from(parse_args(argv_of({"checkpoint": str(tmp_path), "served_model_name": ["a", "b"],

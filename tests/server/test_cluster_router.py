@@ -286,3 +286,40 @@ def test_the_ray_adapter_counts_a_taken_request_down_by_its_result_whichever_rep
 
     assert asyncio.run(scenario(done_first=True)) == [0, 0, 0, 1]
     assert asyncio.run(scenario(done_first=False)) == [0, 1, 0, 1]
+
+
+def test_the_ray_adapter_sends_a_feed_to_its_replica_under_every_policy_and_pow2_hands_serve_two():
+    """An ingress's feed goes to the replica it names (none while that one is absent: Serve asks again);
+    pow2 hands Serve two distinct replicas as one rank, of which Serve's probes take the shorter queue."""
+    pytest.importorskip("ray.serve")
+    import asyncio
+    from types import SimpleNamespace
+
+    from ray.serve._private.common import DeploymentID, ReplicaID, RequestMetadata
+    from ray.serve.request_router import PendingRequest
+
+    from server.cluster.protocol import FeedRequest, Submission
+    from server.cluster.ray_router import KVCacheRequestRouter
+    from server.cluster.router import POLICIES
+
+    deployment = DeploymentID(name="EngineReplica", app_name="test")
+    replicas = [SimpleNamespace(replica_id=ReplicaID(f"r{i}", deployment), routing_stats={}) for i in range(3)]
+
+    def ask(adapter, arg) -> list[list[str]]:
+        async def choose():
+            pending = PendingRequest(args=[arg], kwargs={}, metadata=RequestMetadata("r", f"internal-{id(arg)}"))
+            return await adapter.choose_replicas(replicas, pending)
+        return [[r.replica_id.unique_id for r in rank] for rank in asyncio.run(choose())]
+
+    for policy in POLICIES:
+        adapter = object.__new__(KVCacheRequestRouter)
+        adapter._deployment_id = deployment
+        adapter.initialize_state(policy=policy, block_size=BS)
+        for target in ("r0", "r1", "r2"):
+            assert ask(adapter, FeedRequest("ingress-1", target, "feed-1")) == [[target]], policy
+        assert ask(adapter, FeedRequest("ingress-1", "r9", "feed-2")) == [], policy
+        if policy == "pow2":
+            for k in range(20):
+                sub = Submission([f"call-{k}"], _prompt(k, 0), [SamplingParams(max_new_tokens=1)], True, None)
+                (rank,) = ask(adapter, sub)
+                assert len(rank) == len(set(rank)) == 2 and set(rank) <= {"r0", "r1", "r2"}

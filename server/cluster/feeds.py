@@ -1,0 +1,197 @@
+"""The ingress's end of the replicas' feeds: one stream from each replica carries the events of this
+ingress's requests there, an engine step's worth an item (`EngineReplica.feed`), where a stream per
+request would carry one item per request and step.
+
+Each request's own call (client.py) still takes it to its replica, holds its place in Ray Serve's
+queues and counts, and is how it is cancelled. The call's first item (`Taken`) names the one stream its
+events ride: a feed, by the id this ingress gave it, or the call itself. The two streams keep no order
+between them, so events that come on a feed before the call's `Taken` are held for the request until
+it arrives. A request on a feed ends when its last event comes there; if the feed ends first, for any
+reason, the request ends with an error (the replica aborts it too), never a hang. Each attempt of a
+call has request ids of its own on the wire (`Followed.wire_ids`), so an event of an attempt given up
+(a retry after a replica fault) is never taken for the next one's.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+from server.cluster.protocol import FeedRequest, Taken
+from server.engine import FINISH_ERROR, AsyncSink, TokenOutput
+
+log = logging.getLogger("kvserve.cluster")
+
+FEED_ATTACH_TIMEOUT_S = 10.0  # a feed not attached by then (its replica gone, or full) is given up
+FEED_RETRY_S = 1.0  # after a feed failed, its replica's next one is asked for no sooner than this
+ENDED_FEEDS_KEPT = 256  # ended feeds remembered, for a `Taken` naming one that arrives late
+FEED_ENDED = "the replica's stream of events ended before the request did"
+
+
+@dataclass(eq=False)
+class Followed:
+    """One call's requests, as the ingress follows them: their sinks, and where their events come from."""
+
+    sinks: dict  # request id -> its sink (a callable or an AsyncSink)
+    open_ids: set[str]  # the requests without their last event yet
+    closed: asyncio.Future  # done once open_ids is empty
+    attempt: int = 0  # the call's attempt: 0, then one more for each retry
+    feed_id: str | None = None  # the feed its events ride, once its `Taken` said so
+    early: list[tuple[str, TokenOutput]] = field(default_factory=list)  # (feed id, event) before its `Taken`
+    started: bool = False  # an event has reached a sink
+
+    @property
+    def wire_ids(self) -> dict[str, str]:
+        """This attempt's request id on the wire -> the request's own id."""
+        return {wire_id(rid, self.attempt): rid for rid in self.sinks}
+
+    def deliver(self, out: TokenOutput) -> None:
+        rid = out.request_id.rpartition("~")[0] if self.attempt else out.request_id
+        if rid not in self.open_ids:
+            return
+        if rid != out.request_id:
+            out = dataclasses.replace(out, request_id=rid)
+        self.started = self.started or out.token_id is not None or out.finished
+        deliver(self.sinks[rid], out)
+        if out.finished:
+            self.open_ids.discard(rid)
+            if not self.open_ids and not self.closed.done():
+                self.closed.set_result(None)
+
+    def end(self, reason: str, error: str | None = None, error_type: str | None = None) -> None:
+        """Every open request ends here with `reason`."""
+        for rid in list(self.open_ids):
+            self.deliver(end_event(wire_id(rid, self.attempt), reason, error, error_type))
+
+
+@dataclass(eq=False)
+class FeedState:
+    """One feed as the ingress reads it."""
+
+    feed_id: str
+    replica: str
+    followers: set[Followed] = field(default_factory=set)  # calls whose requests ride it and are open
+
+
+class Feeds:
+    def __init__(self, handle, ingress_id: str) -> None:
+        self.handle = handle.options(stream=True, method_name="feed")
+        self.ingress_id = ingress_id
+        self._by_replica: dict[str, FeedState] = {}  # replica -> its feed, while open
+        self._by_id: dict[str, FeedState] = {}  # the open feeds
+        self._ended_why: collections.OrderedDict[str, str] = collections.OrderedDict()  # lately ended feed -> why
+        self._by_wire: dict[str, Followed] = {}  # request id on the wire -> its call's requests
+        self._readers: set[asyncio.Task] = set()
+        self.requests_by_stream: collections.Counter[str] = collections.Counter()  # "feed" or "call" -> calls taken
+        self.feeds_failed = 0  # feeds that broke or were never attached (their requests ended with an error)
+        self._not_before: dict[str, float] = {}  # replica -> when its feed may be asked for again
+
+    def expect(self, followed: Followed) -> None:
+        """Before its call's attempt is sent: its events may come on a feed before the call's `Taken`."""
+        followed.feed_id, followed.early = None, []
+        for wire in followed.wire_ids:
+            self._by_wire[wire] = followed
+
+    def taken(self, followed: Followed, taken: Taken) -> None:
+        """A replica took `followed`'s call: its events ride the feed `taken` names, or the call itself.
+        Either way that replica's feed is opened for the requests to come, if it is not."""
+        self.open(taken.replica_id)
+        early, followed.early = followed.early, []
+        self.requests_by_stream["call" if taken.feed_id is None else "feed"] += 1
+        if taken.feed_id is None:
+            self.unfollow(followed)
+            return
+        followed.feed_id = taken.feed_id
+        for feed_id, out in early:
+            if feed_id == taken.feed_id:
+                followed.deliver(out)
+        state = self._by_id.get(taken.feed_id)
+        if state is None:  # it ended before this `Taken` came
+            self.unfollow(followed)
+            followed.end(FINISH_ERROR, self._ended_why.get(taken.feed_id, FEED_ENDED), "generation")
+        elif followed.open_ids:
+            state.followers.add(followed)
+        else:
+            self.unfollow(followed)
+
+    def unfollow(self, followed: Followed) -> None:
+        """This attempt's events, if any still come on a feed, go nowhere."""
+        for wire in followed.wire_ids:
+            if self._by_wire.get(wire) is followed:
+                del self._by_wire[wire]
+        state = self._by_id.get(followed.feed_id) if followed.feed_id is not None else None
+        if state is not None:  # FeedState and Followed hash by identity
+            state.followers.discard(followed)
+
+    def open(self, replica: str) -> None:
+        loop = asyncio.get_running_loop()
+        if replica in self._by_replica or loop.time() < self._not_before.get(replica, 0.0):
+            return
+        state = FeedState(f"feed-{uuid.uuid4().hex}", replica)
+        self._by_replica[replica] = self._by_id[state.feed_id] = state
+        reader = loop.create_task(self._read(state))
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
+
+    def close(self) -> None:
+        for reader in list(self._readers):
+            reader.cancel()
+
+    async def _read(self, state: FeedState) -> None:
+        why = FEED_ENDED
+        call = self.handle.remote(FeedRequest(self.ingress_id, state.replica, state.feed_id))
+        try:
+            await asyncio.wait_for(call.__anext__(), FEED_ATTACH_TIMEOUT_S)  # [] once attached there
+            async for batch in call:
+                for out in batch:
+                    followed = self._by_wire.get(out.request_id)
+                    if followed is None:  # ended here already, or an attempt given up
+                        continue
+                    if followed.feed_id == state.feed_id:
+                        followed.deliver(out)
+                        if not followed.open_ids:
+                            self.unfollow(followed)
+                    elif followed.feed_id is None:  # its `Taken` is still on the way
+                        followed.early.append((state.feed_id, out))
+        except asyncio.CancelledError:
+            call.cancel()
+            why = "the ingress is shutting down"
+            raise
+        except Exception as e:  # noqa: BLE001 - its requests end with the reason
+            call.cancel()
+            why = f"the replica's stream of events failed: {type(e).__name__}: {e}"
+            log.warning("feed from replica %s ended: %s", state.replica, why)
+            self.feeds_failed += 1
+            self._not_before[state.replica] = asyncio.get_running_loop().time() + FEED_RETRY_S
+        finally:
+            self._ended(state, why)
+
+    def _ended(self, state: FeedState, why: str) -> None:
+        if self._by_replica.get(state.replica) is state:
+            del self._by_replica[state.replica]
+        del self._by_id[state.feed_id]
+        self._ended_why[state.feed_id] = why
+        if len(self._ended_why) > ENDED_FEEDS_KEPT:
+            self._ended_why.popitem(last=False)
+        for followed in list(state.followers):
+            self.unfollow(followed)
+            followed.end(FINISH_ERROR, why, "generation")
+
+
+def wire_id(request_id: str, attempt: int) -> str:
+    """A request's id on the wire in its call's `attempt` (0 for the first: its own)."""
+    return f"{request_id}~{attempt}" if attempt else request_id
+
+
+def deliver(sink, out: TokenOutput) -> None:
+    if isinstance(sink, AsyncSink):  # on its loop already
+        sink.events.put_nowait(out)
+    else:
+        sink(out)
+
+
+def end_event(request_id: str, reason: str, error: str | None = None, error_type: str | None = None) -> TokenOutput:
+    return TokenOutput(request_id, 0, None, "", 0.0, False, reason, error=error, error_type=error_type)

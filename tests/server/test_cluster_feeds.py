@@ -1,0 +1,218 @@
+"""The replicas' feeds, each end on its own: the replica's class over a real engine (without Ray's
+transport: its generators are driven here as Serve drives them), and the ingress's bookkeeping over
+streams this test writes, in the orders Ray may deliver them (a feed's events before the call's
+`Taken`, a feed ending first, an attempt given up). The whole path runs in test_cluster.py."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("ray.serve")
+
+from model.sampling import SamplingParams  # noqa: E402
+from server.cluster.feeds import FEED_ENDED, Feeds, Followed  # noqa: E402
+from server.cluster.protocol import FeedRequest, Submission, Taken  # noqa: E402
+from server.cluster.replica import EngineReplica  # noqa: E402
+from server.engine import Engine, TokenOutput  # noqa: E402
+
+PROMPT = [5, 6, 7, 8, 9]
+
+
+@pytest.fixture()
+def replica(tiny_model, tiny_tokenizer):
+    engine = Engine(tiny_model, tiny_tokenizer, max_num_seqs=8, threads=1).start()
+    rep = object.__new__(EngineReplica)  # as Serve makes it, less the model's loading
+    rep.engine, rep.replica_id, rep._feeds = engine, "r0", {}
+    yield rep
+    engine.shutdown()
+
+
+def _sub(rid: str, ingress: str | None, tokens: int = 6) -> Submission:
+    return Submission([rid], PROMPT, [SamplingParams(max_new_tokens=tokens, temperature=0)], True, None,
+                      ingress_id=ingress)
+
+
+async def _drain(stream, into: list) -> None:
+    async for item in stream:
+        into.append(item)
+
+
+def _tokens(events: list[TokenOutput], rid: str) -> list[int]:
+    return [e.token_id for e in events if e.request_id == rid and e.token_id is not None]
+
+
+def test_a_replica_sends_requests_taken_while_its_feed_is_attached_on_the_feed_and_others_on_their_calls(replica):
+    async def scenario():
+        feed = replica.feed(FeedRequest("ing", "r0", "f1"))
+        assert await feed.__anext__() == []  # attached
+        on_feed: list = []
+        reader = asyncio.create_task(_drain(feed, on_feed))
+        on_call_a, on_call_b = [], []
+        await asyncio.gather(_drain(replica.generate(_sub("a", "ing")), on_call_a),
+                             _drain(replica.generate(_sub("b", "other")), on_call_b))
+        await asyncio.sleep(0.05)
+        reader.cancel()
+        return on_feed, on_call_a, on_call_b
+
+    on_feed, on_call_a, on_call_b = asyncio.run(scenario())
+    assert on_call_a == [Taken("r0", "f1")]  # its call only says where; its events came on the feed
+    assert on_call_b[0] == Taken("r0", None)  # no feed of that ingress here: on the call
+    events_a = [e for batch in on_feed for e in batch]
+    events_b = [e for batch in on_call_b[1:] for e in batch]
+    assert events_a[-1].finished and events_b[-1].finished
+    assert _tokens(events_a, "a") == _tokens(events_b, "b") and len(_tokens(events_a, "a")) == 6
+    assert len(on_feed) < len(events_a)  # a step's events, or more, per item
+
+
+def test_a_feed_that_ends_before_its_requests_fails_their_calls_and_the_engine_aborts_them(replica):
+    """Replaced by a newer feed of its ingress, or cancelled: either way nothing reads it, so the requests
+    on it are aborted and their calls fail (the ingress ends them with an error)."""
+    async def scenario(end_it) -> list:
+        feed = replica.feed(FeedRequest("ing", "r0", "f1"))
+        await feed.__anext__()
+        reader = asyncio.create_task(_drain(feed, []))
+        call = replica.generate(_sub("long", "ing", tokens=100))
+        assert await call.__anext__() == Taken("r0", "f1")
+        waiting = asyncio.create_task(call.__anext__())
+        await asyncio.sleep(0.01)
+        newer = await end_it(feed, reader)
+        with pytest.raises(RuntimeError, match="feed"):
+            await waiting
+        await asyncio.sleep(0.2)
+        assert reader.done() and replica.engine.num_running == 0
+        if newer is not None:  # the newer feed carries the next request
+            after = replica.generate(_sub("next", "ing"))
+            assert await after.__anext__() == Taken("r0", "f2")
+            await after.aclose()
+            await newer.aclose()
+        return list(replica._feeds)
+
+    async def replaced(feed, reader):
+        newer = replica.feed(FeedRequest("ing", "r0", "f2"))
+        assert await newer.__anext__() == []
+        return newer
+
+    async def cancelled(feed, reader):
+        reader.cancel()
+        return None
+
+    assert asyncio.run(scenario(replaced)) == []
+    assert asyncio.run(scenario(cancelled)) == []
+
+
+class _Stream:
+    """One call's stream as a Ray Serve handle returns it, written by the test."""
+
+    def __init__(self, request) -> None:
+        self.request, self.items, self.cancelled = request, asyncio.Queue(), False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        item = await self.items.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Handle:
+    def __init__(self) -> None:
+        self.calls: list[_Stream] = []
+
+    def options(self, **kw):
+        return self
+
+    def remote(self, request):
+        self.calls.append(_Stream(request))
+        return self.calls[-1]
+
+
+def _event(rid: str, index: int, last: bool = False) -> TokenOutput:
+    return TokenOutput(rid, index, 10 + index, "x", 0.0, False, "length" if last else None)
+
+
+def test_the_ingress_holds_a_feeds_events_until_the_calls_taken_and_drops_an_abandoned_attempts():
+    async def scenario():
+        handle, got = _Handle(), []
+        feeds = Feeds(handle, "ing")
+        followed = Followed({"q": got.append}, {"q"}, asyncio.get_running_loop().create_future())
+        feeds.expect(followed)
+        feeds.open("r0")
+        await asyncio.sleep(0)
+        stream = handle.calls[0]
+        feed_id = stream.request.feed_id
+        stream.items.put_nowait([])  # attached
+        stream.items.put_nowait([_event("q", 1)])  # before the call's Taken
+        await asyncio.sleep(0.01)
+        assert got == []
+        feeds.taken(followed, Taken("r0", feed_id))
+        assert [e.index for e in got] == [1]
+        feeds.unfollow(followed)  # given up (a replica fault before it started) and sent again
+        followed.attempt = 1
+        feeds.expect(followed)
+        stream.items.put_nowait([_event("q", 2), _event("q~1", 1)])  # the old attempt's, then the new one's
+        feeds.taken(followed, Taken("r0", feed_id))
+        await asyncio.sleep(0.01)
+        stream.items.put_nowait([_event("q~1", 2, last=True)])
+        await asyncio.sleep(0.01)
+        return got, followed.closed.done()
+
+    got, closed = asyncio.run(scenario())
+    assert [(e.request_id, e.index) for e in got] == [("q", 1), ("q", 1), ("q", 2)] and got[-1].finished
+    assert closed
+
+
+def test_a_feed_ending_first_ends_its_requests_with_an_error_also_one_whose_taken_comes_later():
+    async def scenario():
+        handle, riding, late = _Handle(), [], []
+        feeds = Feeds(handle, "ing")
+        loop = asyncio.get_running_loop()
+        one = Followed({"one": riding.append}, {"one"}, loop.create_future())
+        two = Followed({"two": late.append}, {"two"}, loop.create_future())
+        feeds.expect(one)
+        feeds.expect(two)
+        feeds.open("r0")
+        await asyncio.sleep(0)
+        stream = handle.calls[0]
+        stream.items.put_nowait([])
+        feeds.taken(one, Taken("r0", stream.request.feed_id))
+        stream.items.put_nowait([_event("one", 1), _event("two", 1)])
+        stream.items.put_nowait(ConnectionError("stream broke"))
+        await asyncio.sleep(0.01)
+        feeds.taken(two, Taken("r0", stream.request.feed_id))  # its Taken came after the feed ended
+        feeds.open("r0")  # too soon after a failure: no new feed yet
+        await asyncio.sleep(0)
+        return riding, late, len(handle.calls)
+
+    riding, late, calls = asyncio.run(scenario())
+    assert [e.index for e in riding] == [1, 0] and riding[-1].finish_reason == "error"
+    assert "stream broke" in riding[-1].error
+    assert [e.index for e in late] == [1, 0] and late[-1].finish_reason == "error"
+    assert calls == 1
+
+
+def test_a_feed_ending_normally_with_a_request_still_on_it_ends_that_request_with_an_error():
+    async def scenario():
+        handle, got = _Handle(), []
+        feeds = Feeds(handle, "ing")
+        followed = Followed({"q": got.append}, {"q"}, asyncio.get_running_loop().create_future())
+        feeds.expect(followed)
+        feeds.open("r0")
+        await asyncio.sleep(0)
+        stream = handle.calls[0]
+        stream.items.put_nowait([])
+        feeds.taken(followed, Taken("r0", stream.request.feed_id))
+        stream.items.put_nowait(StopAsyncIteration())
+        await asyncio.sleep(0.01)
+        feeds.open("r0")  # an ended feed's replica gets a new one at once
+        await asyncio.sleep(0)
+        return got, len(handle.calls)
+
+    got, calls = asyncio.run(scenario())
+    assert len(got) == 1 and got[0].finish_reason == "error" and got[0].error == FEED_ENDED
+    assert calls == 2
