@@ -148,12 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--routers", default="kv,pow2,round-robin", help="routing: the policies compared")
     ap.add_argument("--server-flags", default="", help="more flags for every server started (e.g. "
                     "'--engine-niceness 0')")
+    ap.add_argument("--cluster-flags", default="", help="more flags for the cluster only (e.g. '--no-feeds')")
     ap.add_argument("--name", default=None)
     args = ap.parse_args(argv)
     args.vllm_prompts = [int(n) for n in args.vllm_prompts.split(",")]
     from bench.common import RESULTS_DIR
     args.out_dir = Path(args.out) if args.out else RESULTS_DIR
-    ray_flags = ["--ray-num-cpus", "2", "--replica-cpus", "1", "--threads", "1", *args.server_flags.split()]
+    ray_flags = ["--ray-num-cpus", "2", "--replica-cpus", "1", "--threads", "1", *args.server_flags.split(),
+                 *args.cluster_flags.split()]
     if args.which == "routing":
         prompts, note = load_prompts(args.num_requests, args.suffix_tokens, None, args.checkpoint, seed=0,
                                      shared_prefix_tokens=256, tenants=8)
@@ -194,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                for name, rounds in results.items()}
     write_result(args.name or f"cluster_{args.which}", {"benchmark": f"cluster {args.which}", "client": args.client,
                                                          "server_flags": args.server_flags,
+                                                         "cluster_flags": args.cluster_flags,
                                                          "checkpoint": str(args.checkpoint),
                                                          "machine": machine_info(), "prompts": note,
                                                          "rounds": results, "medians": medians}, args.out)

@@ -9,9 +9,10 @@ replicas is full (every replica at `max_ongoing_requests`), EngineStoppedError f
 down. That item (`Taken`) also names the stream the request's events ride: the replica's feed (feeds.py:
 one stream from each replica for all of this ingress's requests there, a step at a time) or the call
 itself; they are handed to the request's sinks as they come. Faults:
-- a call that fails before its first event (the replica died before it produced a token) is sent
-  again, up to `RETRIES` times, with request ids of its own, and the router places it on a live replica;
-- a call that fails later, or whose feed ends first, ends each of its requests with an error event,
+- a call that fails before its first event (the replica died before it produced a token), or whose feed
+  ended before any of its events came, is sent again, up to `RETRIES` times, with request ids of its own
+  and naming the broken feeds, and the router places it on a live replica;
+- a call that fails later, or whose feed ends later, ends each of its requests with an error event,
   never a hang;
 - `abort` cancels the call: Ray cancels the replica's generator, which aborts the engine request, and
   the request ends here with an 'abort' event at once.
@@ -30,8 +31,8 @@ from model.checkpoint import load_tokenizer
 from model.config import GPTConfig, PromptError
 from model.generate import check_prompt
 from model.sampling import SamplingParams
-from server.cluster.feeds import Feeds, Followed, wire_id
-from server.cluster.protocol import Submission, Taken
+from server.cluster.feeds import Feeds, Followed, cancel_call, wire_id
+from server.cluster.protocol import FeedEnded, Submission, Taken
 from server.cluster.router import ReplicaReport, Router
 from server.engine import FINISH_ABORT, FINISH_ERROR, EngineArgs, EngineInfo
 
@@ -197,34 +198,29 @@ class RayEngineClient:
         response = None
         try:
             for attempt in range(RETRIES + 1):
-                followed.attempt = attempt
                 try:
                     self.feeds.expect(followed)
+                    dead = self.feeds.dead_feeds() if self.ingress_id else ()
                     response = self.handle.remote(replace(sub, request_ids=list(followed.wire_ids),
-                                                          ingress_id=self.ingress_id))
-                    async for item in response:
-                        if not admission.done():
-                            admission.set_result(None)
-                        if isinstance(item, Taken):  # the replica that took it, and where its events come
-                            self.feeds.taken(followed, item)
-                        else:  # a batch of its events, on its own stream
-                            for out in item:
-                                followed.deliver(out)
-                    if followed.feed_id is not None and followed.open_ids:  # their last events, on the feed
-                        await followed.closed
+                                                          ingress_id=self.ingress_id, dead_feeds=dead))
+                    if await self._read_call(response, followed, admission):
+                        await self._on_feed(response, followed)
                     return
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # noqa: BLE001 - every failure reaches the client as an event
+                    if response is not None:  # an attempt given up may still run on a replica that lives
+                        cancel_call(response)
                     self.feeds.unfollow(followed)
-                    if not followed.open_ids:  # ended already (its feed ended first: the error said why)
+                    if not followed.open_ids:  # ended already (its events said how)
                         return
-                    if not followed.started and attempt < RETRIES and _replica_gone(e):
-                        log.warning("replica gone before request %s started (%s); retrying", sub.request_ids[0],
-                                    type(e).__name__)
+                    if not followed.started and attempt < RETRIES and _worth_again(e):
+                        log.warning("request %s lost its replica or feed before it started (%s); retrying",
+                                    sub.request_ids[0], _message(e))
                         router = self._router()
                         if router is not None:  # the next attempt is a call of its own, routed again
                             router.release(wire_id(sub.request_ids[0], attempt))
+                        followed.again()
                         await asyncio.sleep(RETRY_BACKOFF_S * 2**attempt)
                         continue
                     refusal = _refusal(e)
@@ -232,24 +228,62 @@ class RayEngineClient:
                         admission.set_exception(refusal)
                         followed.open_ids.clear()
                         return
-                    log.warning("request %s failed on its replica: %s", sub.request_ids[0], e)
+                    log.warning("request %s failed on its replica: %s", sub.request_ids[0], _message(e))
                     followed.end(FINISH_ERROR, _message(e), _error_type(e))
                     return
         except asyncio.CancelledError:
             if response is not None:  # the replica's generator too, whichever transport Serve uses
-                _cancel(response)
-            self.feeds.unfollow(followed)
-            followed.end(FINISH_ABORT)
+                cancel_call(response)
             raise
 
+    async def _read_call(self, response, followed: Followed, admission: asyncio.Future) -> bool:
+        """The call's items until its `Taken` names a feed (True: the rest comes there) or its stream ends
+        (False: it carried every event)."""
+        async for item in response:
+            if not admission.done():
+                admission.set_result(None)
+            if isinstance(item, Taken):  # the replica that took it, and where its events come
+                self.feeds.taken(followed, item)
+                if followed.feed_id is not None:
+                    return True
+            else:  # a batch of its events, on its own stream
+                for out in item:
+                    followed.deliver(out)
+        return False
 
-def _cancel(response) -> None:
-    """Cancels a handle call: its assignment, or the replica's stream it was assigned to, also when the
-    assignment has finished but the call has not yet read it (then `cancel` alone reaches neither)."""
-    response.cancel()
-    assigned = getattr(response, "_replica_result_future", None)  # Serve 2.60's; absent elsewhere
-    if assigned is not None and assigned.done() and not assigned.cancelled() and assigned.exception() is None:
-        assigned.result().cancel()
+    @staticmethod
+    async def _on_feed(response, followed: Followed) -> None:
+        """Until every request of the call has its last event from the feed, whichever of the call's end and
+        the feed's comes first. Raises FeedLost if the feed ended before any of their events came, and the
+        call's own failure if the call failed first."""
+        ended = asyncio.ensure_future(_until_the_end(response))
+        try:
+            await asyncio.wait({ended, followed.closed}, return_when=asyncio.FIRST_COMPLETED)
+            if not followed.closed.done():  # the call ended first: it raises its failure, if it failed
+                ended.result()
+                await followed.closed  # it ended as its requests did: their last events are on the way
+            if followed.lost is not None:
+                raise FeedLost(followed.lost)
+        finally:
+            if followed.open_ids or not followed.closed.done():  # given up (failed, lost, cancelled)
+                ended.cancel()
+            else:  # done: the call ends on its own right after its last event was queued on the feed
+                ended.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+
+class FeedLost(Exception):
+    """The feed a call's requests rode ended before any of their events came: the call is sent again."""
+
+
+async def _until_the_end(response) -> None:
+    async for _ in response:
+        pass
+
+
+def _worth_again(e: BaseException) -> bool:
+    """A failure that a new attempt of a call that produced nothing yet may not meet: its replica died, or
+    the feed its events rode ended."""
+    return _replica_gone(e) or isinstance(e, FeedLost) or isinstance(_cause(e), FeedEnded)
 
 
 def _cause(e: BaseException) -> BaseException:

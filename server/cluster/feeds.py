@@ -28,6 +28,8 @@ log = logging.getLogger("kvserve.cluster")
 FEED_ATTACH_TIMEOUT_S = 10.0  # a feed not attached by then (its replica gone, or full) is given up
 FEED_RETRY_S = 1.0  # after a feed failed, its replica's next one is asked for no sooner than this
 ENDED_FEEDS_KEPT = 256  # ended feeds remembered, for a `Taken` naming one that arrives late
+DEAD_FEEDS_KEPT = 16  # broken feeds named in every call, so that a replica still holding one closes it
+DEAD_FEED_NAMED_S = 60.0  # for this long after it broke
 FEED_ENDED = "the replica's stream of events ended before the request did"
 
 
@@ -37,11 +39,12 @@ class Followed:
 
     sinks: dict  # request id -> its sink (a callable or an AsyncSink)
     open_ids: set[str]  # the requests without their last event yet
-    closed: asyncio.Future  # done once open_ids is empty
+    closed: asyncio.Future  # done once open_ids is empty, or once `lost`
     attempt: int = 0  # the call's attempt: 0, then one more for each retry
     feed_id: str | None = None  # the feed its events ride, once its `Taken` said so
     early: list[tuple[str, TokenOutput]] = field(default_factory=list)  # (feed id, event) before its `Taken`
     started: bool = False  # an event has reached a sink
+    lost: str | None = None  # why its feed ended before any of its events came: the call is sent again
 
     @property
     def wire_ids(self) -> dict[str, str]:
@@ -49,7 +52,8 @@ class Followed:
         return {wire_id(rid, self.attempt): rid for rid in self.sinks}
 
     def deliver(self, out: TokenOutput) -> None:
-        rid = out.request_id.rpartition("~")[0] if self.attempt else out.request_id
+        """`out` carries this attempt's id on the wire (`end` makes one so)."""
+        rid = unwired(out.request_id, self.attempt)
         if rid not in self.open_ids:
             return
         if rid != out.request_id:
@@ -65,6 +69,22 @@ class Followed:
         """Every open request ends here with `reason`."""
         for rid in list(self.open_ids):
             self.deliver(end_event(wire_id(rid, self.attempt), reason, error, error_type))
+
+    def lose(self, why: str, error_type: str) -> None:
+        """Its feed ended first: with none of its events delivered, its call is sent again (`lost`); else
+        its requests end with an error."""
+        if self.started:
+            self.end(FINISH_ERROR, why, error_type)
+            return
+        self.lost = why
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def again(self) -> None:
+        """For the call's next attempt."""
+        self.attempt, self.lost = self.attempt + 1, None
+        if self.closed.done() and self.open_ids:
+            self.closed = asyncio.get_running_loop().create_future()
 
 
 @dataclass(eq=False)
@@ -82,12 +102,14 @@ class Feeds:
         self.ingress_id = ingress_id
         self._by_replica: dict[str, FeedState] = {}  # replica -> its feed, while open
         self._by_id: dict[str, FeedState] = {}  # the open feeds
-        self._ended_why: collections.OrderedDict[str, str] = collections.OrderedDict()  # lately ended feed -> why
+        self._ended: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()  # -> (why, type)
+        self._dead: collections.OrderedDict[str, float] = collections.OrderedDict()  # broken feed -> when
         self._by_wire: dict[str, Followed] = {}  # request id on the wire -> its call's requests
         self._readers: set[asyncio.Task] = set()
-        self.requests_by_stream: collections.Counter[str] = collections.Counter()  # "feed" or "call" -> calls taken
-        self.feeds_failed = 0  # feeds that broke or were never attached (their requests ended with an error)
         self._not_before: dict[str, float] = {}  # replica -> when its feed may be asked for again
+        self._closing = False
+        self.requests_by_stream: collections.Counter[str] = collections.Counter()  # "feed" or "call" -> calls taken
+        self.feeds_failed = 0  # feeds that broke or were never attached
 
     def expect(self, followed: Followed) -> None:
         """Before its call's attempt is sent: its events may come on a feed before the call's `Taken`."""
@@ -95,9 +117,17 @@ class Feeds:
         for wire in followed.wire_ids:
             self._by_wire[wire] = followed
 
+    def dead_feeds(self) -> tuple[str, ...]:
+        """The feeds that broke here lately, for each call to name (a replica still holding one closes it)."""
+        now = asyncio.get_running_loop().time()
+        while self._dead and next(iter(self._dead.values())) < now - DEAD_FEED_NAMED_S:
+            self._dead.popitem(last=False)
+        return tuple(self._dead)
+
     def taken(self, followed: Followed, taken: Taken) -> None:
         """A replica took `followed`'s call: its events ride the feed `taken` names, or the call itself.
-        Either way that replica's feed is opened for the requests to come, if it is not."""
+        Either way that replica's feed is opened for the requests to come, if it is not. If that feed has
+        ended already, the call is `lost` (or its requests end with an error, if some of its events came)."""
         self.open(taken.replica_id)
         early, followed.early = followed.early, []
         self.requests_by_stream["call" if taken.feed_id is None else "feed"] += 1
@@ -111,7 +141,7 @@ class Feeds:
         state = self._by_id.get(taken.feed_id)
         if state is None:  # it ended before this `Taken` came
             self.unfollow(followed)
-            followed.end(FINISH_ERROR, self._ended_why.get(taken.feed_id, FEED_ENDED), "generation")
+            followed.lose(*self._ended.get(taken.feed_id, (FEED_ENDED, "generation")))
         elif followed.open_ids:
             state.followers.add(followed)
         else:
@@ -128,8 +158,9 @@ class Feeds:
 
     def open(self, replica: str) -> None:
         loop = asyncio.get_running_loop()
-        if replica in self._by_replica or loop.time() < self._not_before.get(replica, 0.0):
+        if self._closing or replica in self._by_replica or loop.time() < self._not_before.get(replica, 0.0):
             return
+        self._not_before.pop(replica, None)
         state = FeedState(f"feed-{uuid.uuid4().hex}", replica)
         self._by_replica[replica] = self._by_id[state.feed_id] = state
         reader = loop.create_task(self._read(state))
@@ -137,11 +168,12 @@ class Feeds:
         reader.add_done_callback(self._readers.discard)
 
     def close(self) -> None:
+        self._closing = True
         for reader in list(self._readers):
             reader.cancel()
 
     async def _read(self, state: FeedState) -> None:
-        why = FEED_ENDED
+        why, error_type = FEED_ENDED, "generation"
         call = self.handle.remote(FeedRequest(self.ingress_id, state.replica, state.feed_id))
         try:
             await asyncio.wait_for(call.__anext__(), FEED_ATTACH_TIMEOUT_S)  # [] once attached there
@@ -157,33 +189,51 @@ class Feeds:
                     elif followed.feed_id is None:  # its `Taken` is still on the way
                         followed.early.append((state.feed_id, out))
         except asyncio.CancelledError:
-            call.cancel()
-            why = "the ingress is shutting down"
+            cancel_call(call)
+            why, error_type = "the ingress is shutting down", "shutdown"
             raise
         except Exception as e:  # noqa: BLE001 - its requests end with the reason
-            call.cancel()
+            cancel_call(call)
             why = f"the replica's stream of events failed: {type(e).__name__}: {e}"
             log.warning("feed from replica %s ended: %s", state.replica, why)
             self.feeds_failed += 1
-            self._not_before[state.replica] = asyncio.get_running_loop().time() + FEED_RETRY_S
+            loop = asyncio.get_running_loop()
+            self._not_before[state.replica] = loop.time() + FEED_RETRY_S
+            self._dead[state.feed_id] = loop.time()
+            while len(self._dead) > DEAD_FEEDS_KEPT:
+                self._dead.popitem(last=False)
         finally:
-            self._ended(state, why)
+            self._ended_now(state, why, error_type)
 
-    def _ended(self, state: FeedState, why: str) -> None:
+    def _ended_now(self, state: FeedState, why: str, error_type: str) -> None:
         if self._by_replica.get(state.replica) is state:
             del self._by_replica[state.replica]
         del self._by_id[state.feed_id]
-        self._ended_why[state.feed_id] = why
-        if len(self._ended_why) > ENDED_FEEDS_KEPT:
-            self._ended_why.popitem(last=False)
+        self._ended[state.feed_id] = (why, error_type)
+        if len(self._ended) > ENDED_FEEDS_KEPT:
+            self._ended.popitem(last=False)
         for followed in list(state.followers):
             self.unfollow(followed)
-            followed.end(FINISH_ERROR, why, "generation")
+            followed.lose(why, error_type)
+
+
+def cancel_call(response) -> None:
+    """Cancels a handle call: its assignment, or the replica's stream it was assigned to, also when the
+    assignment has finished but the call has not yet read it (then `cancel` alone reaches neither)."""
+    response.cancel()
+    assigned = getattr(response, "_replica_result_future", None)  # Serve 2.60's; absent elsewhere
+    if assigned is not None and assigned.done() and not assigned.cancelled() and assigned.exception() is None:
+        assigned.result().cancel()
 
 
 def wire_id(request_id: str, attempt: int) -> str:
     """A request's id on the wire in its call's `attempt` (0 for the first: its own)."""
     return f"{request_id}~{attempt}" if attempt else request_id
+
+
+def unwired(wire: str, attempt: int) -> str:
+    """The request's own id, from its id on the wire in `attempt`."""
+    return wire.rpartition("~")[0] if attempt else wire
 
 
 def deliver(sink, out: TokenOutput) -> None:

@@ -17,6 +17,7 @@ class Submission:
     cache_salt: str | None  # the prefix-cache namespace (None: the shared one)
     speculative: bool = True  # False: no speculative decoding for it (the output is the same either way)
     ingress_id: str | None = None  # the ingress whose feed from this replica may carry its events
+    dead_feeds: tuple[str, ...] = ()  # feeds that ingress saw break lately: a replica still holding one closes it
 
 
 @dataclass(frozen=True)
@@ -38,3 +39,8 @@ class FeedRequest:
     ingress_id: str
     replica_id: str
     feed_id: str
+
+
+class FeedEnded(RuntimeError):
+    """A replica's answer to a call whose request was on a feed that ended before it did (the replica
+    aborted it): nothing of it reached the ingress that the ingress can trust to be complete."""

@@ -7,9 +7,11 @@ from `EngineReplica.record_routing_stats` every `request_routing_stats_period_s`
 `server.cluster.router.Router` decide. Ray does the rest: it sends to the replica of the first rank
 with room (`max_ongoing_requests`; within a rank, the shortest queue by its probes), falls back to the
 next ranks, and retries a request that never started on a replica that died. An ingress's feed
-(`FeedRequest`, feeds.py) goes to the replica it names. `pow2` hands Serve two replicas drawn at random
-as one rank, so that Serve's own probes pick the shorter queue: the choice of Ray Serve's
-`PowerOfTwoChoicesRequestRouter`, through the class that can send the feeds.
+(`FeedRequest`, feeds.py) goes to the replica it names (while that one is gone, to any, which refuses it:
+a routing that no replica could ever take would hold one of Serve's routing tasks for good). `pow2` hands
+Serve two replicas drawn at random as one rank, so that Serve's probes and queue-length cache pick the
+shorter queue, the core of Ray Serve's `PowerOfTwoChoicesRequestRouter` (without its locality ranks),
+through the class that can send the feeds.
 """
 from __future__ import annotations
 
@@ -55,11 +57,11 @@ class KVCacheRequestRouter(RequestRouter):
         self._sync(candidate_replicas)
         if pending_request is not None:  # when no replica takes it, Serve waits before asking again
             pending_request.routing_context.should_backoff = True
-        target = _feed_target(pending_request)
-        if target is not None:  # an ingress's feed: its replica, or none while it is not there
-            chosen = [r for r in candidate_replicas if r.replica_id.unique_id == target]
-            return [chosen] if chosen else []
-        sub = _submission(pending_request)
+        feed = _arg(pending_request, FeedRequest)
+        if feed is not None:  # an ingress's feed: its replica; any while that one is gone, which refuses it
+            chosen = [r for r in candidate_replicas if r.replica_id.unique_id == feed.replica_id]
+            return [chosen or candidate_replicas]
+        sub = _arg(pending_request, Submission)
         if sub is None:  # not a generation (status calls): any replica
             return [candidate_replicas]
         if self.router.policy == "pow2":  # Ray Serve's power of two choices: Serve takes the shorter queue
@@ -85,7 +87,7 @@ class KVCacheRequestRouter(RequestRouter):
         Serve sent it elsewhere than the replica chosen (a 'redirect' in the router's decisions). Counted
         down by the result itself, which may be done already: Serve's own completion report can arrive
         before this call."""
-        sub = _submission(pending_request)
+        sub = _arg(pending_request, Submission)
         decision = self.router.taken(sub.request_ids[0]) if sub is not None else None
         if decision is None:
             return
@@ -102,19 +104,11 @@ class KVCacheRequestRouter(RequestRouter):
         self.router.forget_cache(replica_id.unique_id)
 
 
-def _feed_target(pending: PendingRequest | None) -> str | None:
+def _arg(pending: PendingRequest | None, cls: type):
+    """The request's argument of type `cls`, if it has one."""
     if pending is None:
         return None
     for arg in list(pending.args) + list(pending.kwargs.values()):
-        if isinstance(arg, FeedRequest):
-            return arg.replica_id
-    return None
-
-
-def _submission(pending: PendingRequest | None) -> Submission | None:
-    if pending is None:
-        return None
-    for arg in list(pending.args) + list(pending.kwargs.values()):
-        if isinstance(arg, Submission):
+        if isinstance(arg, cls):
             return arg
     return None

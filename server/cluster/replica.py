@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 
 from ray import serve
 
-from server.cluster.protocol import FeedRequest, Submission, Taken
+from server.cluster.protocol import FeedEnded, FeedRequest, Submission, Taken
 from server.cluster.router import report_from
 from server.engine import AsyncSink, Engine, EngineArgs, QueueFullError, TokenOutput
 
@@ -70,12 +70,24 @@ class EngineReplica:
             self.engine.warmup()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._feeds: dict[str, Feed] = {}  # ingress id -> its attached feed
+        self._calls = 0  # `generate` calls here (Serve's count of this replica's requests, less the feeds)
 
     async def generate(self, sub: Submission) -> AsyncIterator[list[TokenOutput] | Taken]:
         """`Taken` (or [] without `sub.ingress_id`) once the engine took the prompt; then, on that
         ingress's feed if it is attached here, nothing until each copy's last event is queued there (an
         exception if the feed ended first), else the copies' events in batches on this call."""
+        self._calls += 1
+        try:
+            async for item in self._generate(sub):
+                yield item
+        finally:
+            self._calls -= 1
+
+    async def _generate(self, sub: Submission) -> AsyncIterator[list[TokenOutput] | Taken]:
         feed = self._feeds.get(sub.ingress_id) if sub.ingress_id is not None else None
+        if feed is not None and feed.feed_id in sub.dead_feeds:  # the ingress lost it; the replica had not noticed
+            self._close(feed)
+            feed = None
         if feed is None:
             taken = [] if sub.ingress_id is None else Taken(self.replica_id, None)
             async for batch in self._generate_here(sub, taken):
@@ -94,7 +106,7 @@ class EngineReplica:
             for done in finished.values():
                 await done.wait()
             if feed.cut.intersection(finished):  # aborted below
-                raise RuntimeError("the feed carrying this request's events ended before the request did")
+                raise FeedEnded("the feed carrying this request's events ended before the request did")
         finally:  # the ingress cancelled the call (client gone, timeout), or it ended
             for rid, done in finished.items():
                 if not done.is_set() or rid in feed.cut:
@@ -106,7 +118,10 @@ class EngineReplica:
         """The events of every request that ingress `req.ingress_id` sent here while this feed was
         attached, an item per engine step (or more steps, when the ingress reads slower): an empty item
         once attached, and the end once no request has been on it for FEED_IDLE_S. A newer feed of the
-        same ingress replaces it."""
+        same ingress replaces it. A feed meant for another replica (Serve sends one there when its own is
+        gone) is refused."""
+        if req.replica_id != self.replica_id:
+            raise ValueError(f"a feed for replica {req.replica_id} reached {self.replica_id}")
         older = self._feeds.get(req.ingress_id)
         if older is not None:  # the ingress no longer reads it
             self._close(older)
@@ -120,10 +135,7 @@ class EngineReplica:
                     if not feed.waiting and feed.empty():
                         return
                     continue
-                batch = [first]
-                while not feed.empty():
-                    batch.append(feed.get_nowait())
-                batch = [out for out in batch if out is not None]  # None: woken to close
+                batch = [out for out in _with_queued(first, feed) if out is not None]  # None: woken to close
                 if batch:
                     yield batch
         finally:  # idle, replaced, or cancelled (the ingress closed it, or is gone)
@@ -151,17 +163,16 @@ class EngineReplica:
             except QueueFullError:
                 # Serve counts one place more than the engine holds, for the ingress's feed; a call that
                 # took it while no feed did waits here for room, as it would have in Serve's queue (until
-                # the ingress cancels it at its deadline). Copies were never counted one place each: refused
-                if sub.ingress_id is None or len(sub.params) > 1:
+                # the ingress cancels it at its deadline). Refused otherwise (the engine is full of copies,
+                # which count one Serve place for several engine places)
+                if sub.ingress_id is None or len(sub.params) > 1 or self._calls <= self._engine_places:
                     raise
                 await asyncio.sleep(ENGINE_ROOM_POLL_S)
         open_ids = set(sub.request_ids)
         try:
             yield taken
             while open_ids:
-                batch = [await events.get()]
-                while not events.empty():
-                    batch.append(events.get_nowait())
+                batch = _with_queued(await events.get(), events)
                 for out in batch:
                     if out.finished:
                         open_ids.discard(out.request_id)
@@ -186,6 +197,11 @@ class EngineReplica:
         names.update(zip(ids, sub.request_ids))  # before any event: they reach the loop after this returns
         return dict(zip(sub.request_ids, ids))
 
+    @property
+    def _engine_places(self) -> int:
+        """Requests the engine holds, running and waiting: Serve's places here, less the feed's."""
+        return self.engine.config.max_num_seqs + self.engine.config.max_waiting
+
     # async, so Serve calls them on the replica's loop: a sync method runs in a new worker thread each time
     async def record_routing_stats(self) -> dict:
         stats = self.engine.stats
@@ -203,3 +219,11 @@ class EngineReplica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown(timeout=5)
+
+
+def _with_queued(first, queue: asyncio.Queue) -> list:
+    """`first`, then whatever else `queue` holds now: one stream item."""
+    batch = [first]
+    while not queue.empty():
+        batch.append(queue.get_nowait())
+    return batch

@@ -5,6 +5,7 @@ streams this test writes, in the orders Ray may deliver them (a feed's events be
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -23,7 +24,7 @@ PROMPT = [5, 6, 7, 8, 9]
 def replica(tiny_model, tiny_tokenizer):
     engine = Engine(tiny_model, tiny_tokenizer, max_num_seqs=8, threads=1).start()
     rep = object.__new__(EngineReplica)  # as Serve makes it, less the model's loading
-    rep.engine, rep.replica_id, rep._feeds = engine, "r0", {}
+    rep.engine, rep.replica_id, rep._feeds, rep._calls = engine, "r0", {}, 0
     yield rep
     engine.shutdown()
 
@@ -48,21 +49,25 @@ def test_a_replica_sends_requests_taken_while_its_feed_is_attached_on_the_feed_a
         assert await feed.__anext__() == []  # attached
         on_feed: list = []
         reader = asyncio.create_task(_drain(feed, on_feed))
-        on_call_a, on_call_b = [], []
-        await asyncio.gather(_drain(replica.generate(_sub("a", "ing")), on_call_a),
-                             _drain(replica.generate(_sub("b", "other")), on_call_b))
+        on_call_a, on_call_a2, on_call_b = [], [], []
+        with replica.engine.paused():  # taken together: they share every step
+            calls = [asyncio.create_task(_drain(replica.generate(sub), into)) for sub, into in
+                     ((_sub("a", "ing"), on_call_a), (_sub("a2", "ing"), on_call_a2), (_sub("b", "other"), on_call_b))]
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*calls)
         await asyncio.sleep(0.05)
         reader.cancel()
-        return on_feed, on_call_a, on_call_b
+        return on_feed, on_call_a, on_call_a2, on_call_b
 
-    on_feed, on_call_a, on_call_b = asyncio.run(scenario())
-    assert on_call_a == [Taken("r0", "f1")]  # its call only says where; its events came on the feed
+    on_feed, on_call_a, on_call_a2, on_call_b = asyncio.run(scenario())
+    assert on_call_a == on_call_a2 == [Taken("r0", "f1")]  # their calls only say where; the events came on the feed
     assert on_call_b[0] == Taken("r0", None)  # no feed of that ingress here: on the call
-    events_a = [e for batch in on_feed for e in batch]
+    on_feed_events = [e for batch in on_feed for e in batch]
     events_b = [e for batch in on_call_b[1:] for e in batch]
-    assert events_a[-1].finished and events_b[-1].finished
-    assert _tokens(events_a, "a") == _tokens(events_b, "b") and len(_tokens(events_a, "a")) == 6
-    assert len(on_feed) < len(events_a)  # a step's events, or more, per item
+    assert events_b[-1].finished and [e.finished for e in on_feed_events].count(True) == 2
+    assert _tokens(on_feed_events, "a") == _tokens(on_feed_events, "a2") == _tokens(events_b, "b")
+    assert len(_tokens(events_b, "b")) == 6
+    assert all({e.request_id for e in batch} == {"a", "a2"} for batch in on_feed)  # a step's events, one item
 
 
 def test_a_feed_that_ends_before_its_requests_fails_their_calls_and_the_engine_aborts_them(replica):
@@ -99,6 +104,25 @@ def test_a_feed_that_ends_before_its_requests_fails_their_calls_and_the_engine_a
 
     assert asyncio.run(scenario(replaced)) == []
     assert asyncio.run(scenario(cancelled)) == []
+
+
+def test_a_replica_refuses_a_feed_for_another_and_closes_one_its_ingress_names_as_broken(replica):
+    """Serve sends a feed whose replica is gone to any other, which refuses it; a call naming its
+    ingress's feed among the broken ones (the ingress lost it, the replica had not noticed) closes it here
+    and carries its own events."""
+    async def scenario():
+        with pytest.raises(ValueError, match="reached r0"):
+            await replica.feed(FeedRequest("ing", "r7", "f0")).__anext__()
+        feed = replica.feed(FeedRequest("ing", "r0", "f1"))
+        await feed.__anext__()
+        reader = asyncio.create_task(_drain(feed, []))
+        items: list = []
+        await _drain(replica.generate(dataclasses.replace(_sub("a", "ing"), dead_feeds=("f1",))), items)
+        await asyncio.sleep(0.01)
+        return items, reader.done(), dict(replica._feeds)
+
+    items, reader_done, feeds = asyncio.run(scenario())
+    assert items[0] == Taken("r0", None) and items[-1][-1].finished and reader_done and feeds == {}
 
 
 class _Stream:
@@ -196,7 +220,7 @@ def test_a_feed_ending_first_ends_its_requests_with_an_error_also_one_whose_take
     assert calls == 1
 
 
-def test_a_feed_ending_normally_with_a_request_still_on_it_ends_that_request_with_an_error():
+def test_a_feed_ending_before_any_event_of_a_request_on_it_leaves_the_request_to_be_sent_again():
     async def scenario():
         handle, got = _Handle(), []
         feeds = Feeds(handle, "ing")
@@ -207,12 +231,70 @@ def test_a_feed_ending_normally_with_a_request_still_on_it_ends_that_request_wit
         stream = handle.calls[0]
         stream.items.put_nowait([])
         feeds.taken(followed, Taken("r0", stream.request.feed_id))
-        stream.items.put_nowait(StopAsyncIteration())
+        stream.items.put_nowait(StopAsyncIteration())  # ended, its events never came
         await asyncio.sleep(0.01)
         feeds.open("r0")  # an ended feed's replica gets a new one at once
         await asyncio.sleep(0)
-        return got, len(handle.calls)
+        return got, followed, len(handle.calls)
 
-    got, calls = asyncio.run(scenario())
-    assert len(got) == 1 and got[0].finish_reason == "error" and got[0].error == FEED_ENDED
+    got, followed, calls = asyncio.run(scenario())
+    assert got == [] and followed.lost == FEED_ENDED and followed.closed.done() and followed.open_ids == {"q"}
     assert calls == 2
+
+
+class _Handles:
+    """A Serve handle per method, as `handle.options(method_name=...)` gives them."""
+
+    def __init__(self) -> None:
+        self.by_method: dict[str, _Handle] = {}
+
+    def options(self, method_name: str, **kw):
+        return self.by_method.setdefault(method_name, _Handle())
+
+
+def test_a_call_whose_feed_broke_before_its_first_event_is_sent_again_naming_the_broken_feed(tiny_checkpoint):
+    """The replica took the call onto its feed, and the feed broke before any of its events came: the call
+    is sent again with request ids of its own and names the broken feed (a replica still holding it closes
+    it); the second attempt's events reach the request under its own id."""
+    from server.cluster.client import RayEngineClient
+    from server.engine import EngineArgs
+
+    async def scenario():
+        handles, got = _Handles(), []
+        client = RayEngineClient(handles, EngineArgs(checkpoint=tiny_checkpoint), lambda: None,
+                                 asyncio.get_running_loop())
+        params = SamplingParams(max_new_tokens=2, temperature=0)
+        first = client.submit(PROMPT, params, lambda out: None, request_id="first")
+        await asyncio.sleep(0)
+        call = handles.by_method["generate"].calls[0]
+        call.items.put_nowait(Taken("r0", None))  # no feed there yet: the ingress opens one
+        call.items.put_nowait([_event(first, 1, last=True)])
+        call.items.put_nowait(StopAsyncIteration())
+        await asyncio.sleep(0.01)
+        (feed,) = handles.by_method["feed"].calls
+        feed.items.put_nowait([])  # attached
+        client.submit(PROMPT, params, got.append, request_id="second")
+        await asyncio.sleep(0)
+        call = handles.by_method["generate"].calls[1]
+        call.items.put_nowait(Taken("r0", feed.request.feed_id))
+        await asyncio.sleep(0.01)
+        feed.items.put_nowait(ConnectionError("stream broke"))
+        await asyncio.sleep(0.01)
+        assert call.cancelled and got == []
+        for _ in range(100):  # the retry's backoff
+            await asyncio.sleep(0.02)
+            if len(handles.by_method["generate"].calls) == 3:
+                break
+        again = handles.by_method["generate"].calls[2]
+        again.items.put_nowait(Taken("r0", None))
+        again.items.put_nowait([_event("second~1", 1), _event("second~1", 2, last=True)])
+        again.items.put_nowait(StopAsyncIteration())
+        await client.admitted(["second"])
+        await asyncio.sleep(0.01)
+        return again.request, feed.request.feed_id, got
+
+    request, broken, got = asyncio.run(scenario())
+    assert request.request_ids == ["second~1"] and request.dead_feeds == (broken,)
+    assert [(e.request_id, e.index) for e in got] == [("second", 1), ("second", 2)] and got[-1].finished
+
+
