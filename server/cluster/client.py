@@ -257,22 +257,27 @@ class RayEngineClient:
         the feed's comes first. Raises FeedLost if the feed ended before any of their events came, and the
         call's own failure if the call failed first."""
         ended = asyncio.ensure_future(_until_the_end(response))
+        ended.add_done_callback(lambda task: task.cancelled() or task.exception())  # read here, or not needed
         try:
             await asyncio.wait({ended, followed.closed}, return_when=asyncio.FIRST_COMPLETED)
             if not followed.closed.done():  # the call ended first: it raises its failure, if it failed
                 ended.result()
                 await followed.closed  # it ended as its requests did: their last events are on the way
             if followed.lost is not None:
-                raise FeedLost(followed.lost)
+                raise FeedLost(*followed.lost)
         finally:
-            if followed.open_ids or not followed.closed.done():  # given up (failed, lost, cancelled)
-                ended.cancel()
-            else:  # done: the call ends on its own right after its last event was queued on the feed
-                ended.add_done_callback(lambda task: task.cancelled() or task.exception())
+            if followed.open_ids or followed.lost or followed.cut or not followed.closed.done():
+                ended.cancel()  # given up (failed, lost, cut, cancelled): the replica aborts what is left
+                cancel_call(response)
+            # else done: the call ends on its own right after its last event was queued on the feed
 
 
 class FeedLost(Exception):
     """The feed a call's requests rode ended before any of their events came: the call is sent again."""
+
+    def __init__(self, why: str, error_type: str) -> None:
+        super().__init__(why)
+        self.error_type = error_type
 
 
 async def _until_the_end(response) -> None:
@@ -318,6 +323,8 @@ def _refusal(e: BaseException) -> Exception | None:
 
 def _error_type(e: BaseException) -> str:
     from server.engine import EngineStoppedError, QueueFullError
+    if isinstance(e, FeedLost):
+        return e.error_type
     cause = _cause(e)
     if isinstance(cause, EngineStoppedError):
         return "shutdown"

@@ -44,7 +44,8 @@ class Followed:
     feed_id: str | None = None  # the feed its events ride, once its `Taken` said so
     early: list[tuple[str, TokenOutput]] = field(default_factory=list)  # (feed id, event) before its `Taken`
     started: bool = False  # an event has reached a sink
-    lost: str | None = None  # why its feed ended before any of its events came: the call is sent again
+    lost: tuple[str, str] | None = None  # (why, error type): its feed ended before any of its events came
+    cut: bool = False  # its feed ended after some of its events came: its requests ended with an error
 
     @property
     def wire_ids(self) -> dict[str, str]:
@@ -72,11 +73,12 @@ class Followed:
 
     def lose(self, why: str, error_type: str) -> None:
         """Its feed ended first: with none of its events delivered, its call is sent again (`lost`); else
-        its requests end with an error."""
+        its requests end with an error (`cut`)."""
         if self.started:
+            self.cut = True
             self.end(FINISH_ERROR, why, error_type)
             return
-        self.lost = why
+        self.lost = (why, error_type)
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -173,10 +175,11 @@ class Feeds:
             reader.cancel()
 
     async def _read(self, state: FeedState) -> None:
-        why, error_type = FEED_ENDED, "generation"
+        why, error_type, attached = FEED_ENDED, "generation", False
         call = self.handle.remote(FeedRequest(self.ingress_id, state.replica, state.feed_id))
         try:
             await asyncio.wait_for(call.__anext__(), FEED_ATTACH_TIMEOUT_S)  # [] once attached there
+            attached = True
             async for batch in call:
                 for out in batch:
                     followed = self._by_wire.get(out.request_id)
@@ -195,7 +198,10 @@ class Feeds:
         except Exception as e:  # noqa: BLE001 - its requests end with the reason
             cancel_call(call)
             why = f"the replica's stream of events failed: {type(e).__name__}: {e}"
-            log.warning("feed from replica %s ended: %s", state.replica, why)
+            # not attached: its replica full (requests took the feed's place), refused, or gone; requests
+            # there ride their own calls meanwhile
+            log.log(logging.WARNING if attached else logging.INFO, "feed from replica %s ended: %s", state.replica,
+                    why)
             self.feeds_failed += 1
             loop = asyncio.get_running_loop()
             self._not_before[state.replica] = loop.time() + FEED_RETRY_S
@@ -220,7 +226,10 @@ class Feeds:
 def cancel_call(response) -> None:
     """Cancels a handle call: its assignment, or the replica's stream it was assigned to, also when the
     assignment has finished but the call has not yet read it (then `cancel` alone reaches neither)."""
-    response.cancel()
+    try:  # Serve's `cancel` re-raises a failed assignment's error (its queue full): nothing to cancel then
+        response.cancel()
+    except Exception:  # noqa: BLE001
+        return
     assigned = getattr(response, "_replica_result_future", None)  # Serve 2.60's; absent elsewhere
     if assigned is not None and assigned.done() and not assigned.cancelled() and assigned.exception() is None:
         assigned.result().cancel()

@@ -45,6 +45,7 @@ def cluster_metrics(client: RayEngineClient, router: Router | None) -> str:
     for stream in ("feed", "call"):
         lines.append(f'{name}{{stream="{stream}"}} {float(client.feeds.requests_by_stream[stream])}')
     name = PREFIX + "cluster_feeds_failed_total"
-    lines += [f"# HELP {name} Replica feeds that broke or were never attached (the requests on them ended with an "
-              "error).", f"# TYPE {name} counter", f"{name} {float(client.feeds.feeds_failed)}"]
+    lines += [f"# HELP {name} Replica feeds that broke or were never attached (a request on one is sent again, or "
+              "ends with an error if some of its events had come).", f"# TYPE {name} counter",
+              f"{name} {float(client.feeds.feeds_failed)}"]
     return "\n".join(lines) + "\n"

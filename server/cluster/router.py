@@ -162,6 +162,9 @@ class ReplicaState:
             self.shared_keys = sum(n >= 2 for n in self.routed_counts.values())
 
 
+RELEASED_KEPT = 4096  # ended calls remembered before `release` itself prunes the old ones
+
+
 class Router:
     """Chooses a replica per request under one policy. One event loop decides; the counts of requests in
     flight may change from another thread too (a call's end, `release`)."""
@@ -181,6 +184,7 @@ class Router:
         self._last_expiry = 0.0
         self.unsent: dict[str, Decision] = {}  # call id -> its decision, until a replica takes the call
         self._released: dict[str, float] = {}  # call id -> when it ended (kept for pending_ttl)
+        self._released_limit = RELEASED_KEPT
         # the counts change on the routing loop and, for a call that ends, on the ingress's (the same loop
         # with Serve's direct ingress; two threads behind Serve's proxy)
         self._lock = threading.Lock()
@@ -287,8 +291,12 @@ class Router:
         """The call ended: if no replica ever took it (cancelled while Serve queued it, refused), its
         decision counts nowhere any more."""
         with self._lock:  # beside `_expire`'s pruning, which may run on the routing thread
-            self._released[call_id] = self._clock()
+            now = self._clock()
+            self._released[call_id] = now
             decision = self.unsent.pop(call_id, None)
+            if len(self._released) > self._released_limit:  # no routing prunes them (pow2 keeps no decisions)
+                self._released = {c: t for c, t in self._released.items() if now - t <= self.pending_ttl}
+                self._released_limit = max(RELEASED_KEPT, 2 * len(self._released))  # amortized: O(1) a call
         if decision is not None:
             self.unrouted(decision)
 

@@ -245,9 +245,11 @@ def test_kv_routing_falls_back_to_the_least_loaded_replica_past_the_imbalance_th
 
 
 def test_a_full_replica_answers_429_as_a_single_server_does(cluster):
-    """`small` holds one request (1 running, 0 waiting); Serve queues max(1, max_waiting) = 1 more in front
-    of it. Two copies of a prompt can never fit a replica: 400, naming the flags (a 429 would invite retries
-    that never succeed). Refused by Serve (its queue full): 429."""
+    """`small` holds one request (1 running, 0 waiting); Serve offers it one more (the feed's place, which a
+    request takes while no feed does, and waits in the replica for room) and queues max(1, max_waiting) + 1
+    = 2 more in front of it (one for a feed waiting there). Two copies of a prompt can never fit a replica:
+    400, naming the flags (a 429 would invite retries that never succeed). Refused by Serve (its queue
+    full): 429."""
     url = cluster["small"]
     r = httpx.post(url + "/v1/completions", json={"prompt": "two copies", "max_tokens": 4, "n": 2}, timeout=60,
                    trust_env=False)
@@ -266,7 +268,7 @@ def test_a_full_replica_answers_429_as_a_single_server_does(cluster):
                     if stop.is_set():
                         return
 
-    busy = [threading.Thread(target=keep_busy) for _ in range(3)]
+    busy = [threading.Thread(target=keep_busy) for _ in range(4)]
     for t in busy:
         t.start()
     try:

@@ -39,6 +39,7 @@ def test_the_serve_config_files_deploy_the_same_application_with_autoscaling_fro
     assert opts["request_router_config"].request_router_kwargs["policy"] == "kv"
     engine_places = s.engine.max_num_seqs + s.engine.max_waiting
     assert s.feeds and opts["max_ongoing_requests"] == engine_places + 1  # one more: the ingress's feed
+    assert opts["max_queued_requests"] == max(1, s.engine.max_waiting) + 1  # or the feed waiting for its place
     no_feeds = settings_from(parse_args(["--checkpoint", str(tmp_path), "--no-feeds"]))
     assert not no_feeds.feeds and replica_options(no_feeds)["max_ongoing_requests"] == engine_places
     pow2 = replica_options(settings_from(parse_args(["--router", "pow2"])))["request_router_config"]

@@ -324,3 +324,14 @@ def test_the_ray_adapter_sends_a_feed_to_its_replica_under_every_policy_and_pow2
                 sub = Submission([f"call-{k}"], _prompt(k, 0), [SamplingParams(max_new_tokens=1)], True, None)
                 (rank,) = ask(adapter, sub)
                 assert len(rank) == len(set(rank)) == 2 and set(rank) <= {"r0", "r1", "r2"}
+
+
+def test_ended_calls_are_forgotten_after_their_ttl_even_where_no_routing_prunes_them():
+    """pow2 hands the choice to Serve and keeps no decisions, so only `release` sees its calls end: what
+    it remembers stays bounded (each call's end is kept for pending_ttl, for a routing that comes late)."""
+    now = [0.0]
+    router = Router("pow2", BS, pending_ttl=1.0, clock=lambda: now[0])
+    for k in range(20_000):
+        now[0] = k * 0.001  # 1,000 calls a second
+        router.release(f"call-{k}")
+    assert len(router._released) <= 4096 and "call-19999" in router._released
