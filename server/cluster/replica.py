@@ -19,6 +19,7 @@ request router (`ray_router.py`) as the replica's `routing_stats`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 from collections.abc import AsyncIterator
@@ -78,8 +79,9 @@ class EngineReplica:
         exception if the feed ended first), else the copies' events in batches on this call."""
         self._calls += 1
         try:
-            async for item in self._generate(sub):
-                yield item
+            async with contextlib.aclosing(self._generate(sub)) as items:  # its aborts run as this one ends
+                async for item in items:
+                    yield item
         finally:
             self._calls -= 1
 
