@@ -63,8 +63,9 @@ def replica_options(s: ClusterSettings) -> dict:
     """The replica deployment's Serve options: replicas or autoscaling, the router, resources."""
     opts: dict = {"ray_actor_options": {"num_cpus": s.replica_cpus},
                   # a replica is offered what its engine holds, running and waiting; past that, on every
-                  # replica, Serve's queue in the ingress holds --max-waiting more, then refuses (429). With
-                  # feeds, one place more in each: the ingress's feed there, or waiting for a replica's room
+                  # replica, Serve's queue in the ingress (one for all replicas) holds --max-waiting more, then
+                  # refuses (429). With feeds, one place more in each: the ingress's feed on a replica, or one
+                  # feed waiting in the queue for a replica's room
                   "max_ongoing_requests": s.engine.max_num_seqs + s.engine.max_waiting + int(s.feeds),
                   "max_queued_requests": max(1, s.engine.max_waiting) + int(s.feeds),
                   "health_check_period_s": 2.0, "health_check_timeout_s": 30.0,

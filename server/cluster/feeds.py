@@ -75,7 +75,7 @@ class Followed:
         """Its feed ended first: with none of its events delivered, its call is sent again (`lost`); else
         its requests end with an error (`cut`)."""
         if self.started:
-            self.cut = True
+            self.cut = bool(self.open_ids)  # none open: they all had their last event, nothing to cut
             self.end(FINISH_ERROR, why, error_type)
             return
         self.lost = (why, error_type)

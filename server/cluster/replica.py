@@ -92,8 +92,9 @@ class EngineReplica:
             feed = None
         if feed is None:
             taken = [] if sub.ingress_id is None else Taken(self.replica_id, None)
-            async for batch in self._generate_here(sub, taken):
-                yield batch
+            async with contextlib.aclosing(self._generate_here(sub, taken)) as batches:
+                async for batch in batches:
+                    yield batch
             return
         finished = {rid: asyncio.Event() for rid in sub.request_ids}
         feed.waiting.update(finished)

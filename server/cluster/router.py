@@ -278,10 +278,12 @@ class Router:
     def hold(self, call_id: str, decision: Decision) -> None:
         """`decision`, routed (counted on its replica), waits for a replica to take the call `call_id`
         (unless that call has ended already: behind Serve's proxy the routing loop is another thread)."""
-        if call_id in self._released:
+        with self._lock:  # beside `release`, which may run on another thread (behind Serve's proxy)
+            released = call_id in self._released
+            if not released:
+                self.unsent[call_id] = decision
+        if released:
             self.unrouted(decision)
-        else:
-            self.unsent[call_id] = decision
 
     def taken(self, call_id: str) -> Decision | None:
         """A replica took the call: its decision, which no longer waits."""
