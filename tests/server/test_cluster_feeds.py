@@ -78,13 +78,14 @@ def test_a_feed_that_ends_before_its_requests_fails_their_calls_and_the_engine_a
         await feed.__anext__()
         reader = asyncio.create_task(_drain(feed, []))
         call = replica.generate(_sub("long", "ing", tokens=100))
-        assert await call.__anext__() == Taken("r0", "f1")
-        waiting = asyncio.create_task(call.__anext__())
-        await asyncio.sleep(0.01)
-        newer = await end_it(feed, reader)
-        with pytest.raises(RuntimeError, match="feed"):
-            await waiting
-        await asyncio.sleep(0.2)
+        with replica.engine.paused():  # the request cannot finish before its feed ends
+            assert await call.__anext__() == Taken("r0", "f1")
+            waiting = asyncio.create_task(call.__anext__())
+            await asyncio.sleep(0.01)
+            newer = await end_it(feed, reader)
+            with pytest.raises(RuntimeError, match="feed"):
+                await waiting
+        await asyncio.sleep(0.2)  # the engine's next step takes the abort
         assert reader.done() and replica.engine.num_running == 0
         if newer is not None:  # the newer feed carries the next request
             after = replica.generate(_sub("next", "ing"))
