@@ -200,9 +200,9 @@ class RayEngineClient:
             for attempt in range(RETRIES + 1):
                 try:
                     self.feeds.expect(followed)
-                    dead = self.feeds.dead_feeds() if self.ingress_id else ()
                     response = self.handle.remote(replace(sub, request_ids=list(followed.wire_ids),
-                                                          ingress_id=self.ingress_id, dead_feeds=dead))
+                                                          ingress_id=self.ingress_id,
+                                                          dead_feeds=self.feeds.dead_feeds()))
                     if await self._read_call(response, followed, admission):
                         await self._on_feed(response, followed)
                     return

@@ -161,17 +161,24 @@ def _event(rid: str, index: int, last: bool = False) -> TokenOutput:
     return TokenOutput(rid, index, 10 + index, "x", 0.0, False, "length" if last else None)
 
 
+async def _followed_on_an_attached_feed():
+    """One call's request ("q") expected, and the feed to replica r0 opened and attached: (handle, feeds,
+    followed, the request's events, the feed's stream)."""
+    handle, got = _Handle(), []
+    feeds = Feeds(handle, "ing")
+    followed = Followed({"q": got.append}, {"q"}, asyncio.get_running_loop().create_future())
+    feeds.expect(followed)
+    feeds.open("r0")
+    await asyncio.sleep(0)
+    stream = handle.calls[0]
+    stream.items.put_nowait([])  # attached
+    return handle, feeds, followed, got, stream
+
+
 def test_the_ingress_holds_a_feeds_events_until_the_calls_taken_and_drops_an_abandoned_attempts():
     async def scenario():
-        handle, got = _Handle(), []
-        feeds = Feeds(handle, "ing")
-        followed = Followed({"q": got.append}, {"q"}, asyncio.get_running_loop().create_future())
-        feeds.expect(followed)
-        feeds.open("r0")
-        await asyncio.sleep(0)
-        stream = handle.calls[0]
+        handle, feeds, followed, got, stream = await _followed_on_an_attached_feed()
         feed_id = stream.request.feed_id
-        stream.items.put_nowait([])  # attached
         stream.items.put_nowait([_event("q", 1)])  # before the call's Taken
         await asyncio.sleep(0.01)
         assert got == []
@@ -223,14 +230,7 @@ def test_a_feed_ending_first_ends_its_requests_with_an_error_also_one_whose_take
 
 def test_a_feed_ending_before_any_event_of_a_request_on_it_leaves_the_request_to_be_sent_again():
     async def scenario():
-        handle, got = _Handle(), []
-        feeds = Feeds(handle, "ing")
-        followed = Followed({"q": got.append}, {"q"}, asyncio.get_running_loop().create_future())
-        feeds.expect(followed)
-        feeds.open("r0")
-        await asyncio.sleep(0)
-        stream = handle.calls[0]
-        stream.items.put_nowait([])
+        handle, feeds, followed, got, stream = await _followed_on_an_attached_feed()
         feeds.taken(followed, Taken("r0", stream.request.feed_id))
         stream.items.put_nowait(StopAsyncIteration())  # ended, its events never came
         await asyncio.sleep(0.01)
