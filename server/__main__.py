@@ -88,6 +88,10 @@ def parser() -> argparse.ArgumentParser:
                      metavar="0..19", help="added to the nice value of the engine's compute threads, so that the "
                      "threads streaming tokens run first when the cores are oversubscribed (Linux; default: 0 here, "
                      "4 on the replicas of `python -m server.cluster`)")
+    eng.add_argument("--stream-interval-ms", type=_at_least(float, 0, strict=False),
+                     default=defaults.stream_interval_ms, help="wake the event loop streaming tokens at most once "
+                     "per this many ms (a request's first and last tokens at once): fewer wake-ups where steps are "
+                     "faster (default: 0 here, every step; 5 on the replicas of `python -m server.cluster`)")
     spec = ap.add_argument_group("speculative decoding (see 'Speculative decoding' in README.md)")
     spec.add_argument("--speculative", choices=["ngram"], default=defaults.speculative,
                       help="ngram: draft tokens by prompt lookup and verify them exactly (the output is unchanged); "
@@ -181,7 +185,8 @@ def engine_config_from(args: argparse.Namespace, threads: int | None = None) -> 
                         num_speculative_tokens=args.num_speculative_tokens, prompt_lookup_min=args.prompt_lookup_min,
                         prompt_lookup_max=args.prompt_lookup_max, ngram_history=args.ngram_history,
                         quantization=args.quantization,
-                        kv_cache_dtype=args.kv_cache_dtype, engine_niceness=args.engine_niceness)
+                        kv_cache_dtype=args.kv_cache_dtype, engine_niceness=args.engine_niceness,
+                        stream_interval_ms=args.stream_interval_ms)
 
 
 def limits_from(args: argparse.Namespace):

@@ -19,6 +19,7 @@ from server.__main__ import EXIT_STARTUP, _at_least, check_args, engine_config_f
 from server.__main__ import parse_args as parse_server_args
 
 POLICIES = ("kv", "pow2", "round-robin")
+CLUSTER_STREAM_INTERVAL_MS = 5.0  # a replica's tokens cross Ray at most every 5 ms (BENCHMARKS.md 22)
 CLUSTER_ENGINE_NICENESS = 4  # Ray starts its workers at nice 15: the replicas' compute at 19 (BENCHMARKS.md 16)
 
 
@@ -46,6 +47,9 @@ def cluster_parser() -> argparse.ArgumentParser:
     ap.add_argument("--engine-niceness", type=int, choices=range(20), default=CLUSTER_ENGINE_NICENESS,
                     metavar="0..19", help="added to each replica's engine-thread nice value: the ingress and the "
                     "replicas' streaming threads run before the compute when they share cores (default: 4)")
+    ap.add_argument("--stream-interval-ms", type=_at_least(float, 0, strict=False), default=CLUSTER_STREAM_INTERVAL_MS,
+                    help="each replica's engine hands its tokens to the replica's streams at most once per this "
+                         "many ms, bar a request's first and last (default: 5; 0: every step)")
     ap.add_argument("--no-feeds", dest="feeds", action="store_false",
                     help="each request's events ride its own call to its replica (an item per request and step), "
                          "not the replica's feed (an item per step for all of them)")

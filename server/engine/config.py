@@ -26,6 +26,7 @@ class EngineConfig:
     quantization: str | None = None  # None or 'int8': the products' weights (model.kernels.choose_backend)
     kv_cache_dtype: str | None = None  # None (the model's), 'float32' or 'bfloat16' (model.kv_cache.resolve_kv_cache_dtype)
     engine_niceness: int = 0  # added to the engine thread's nice value (thread_priority.py); 0: unchanged
+    stream_interval_ms: float = 0.0  # an event loop woken at most once per this, bar first and last events (sinks.py)
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -44,6 +45,8 @@ class EngineConfig:
             raise ValueError(f"target_step_ms must be > 0, got {self.target_step_ms}")
         if not 0 <= self.engine_niceness <= 19:
             raise ValueError(f"engine_niceness must be in 0..19, got {self.engine_niceness}")
+        if not self.stream_interval_ms >= 0:
+            raise ValueError(f"stream_interval_ms must be >= 0, got {self.stream_interval_ms}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
 

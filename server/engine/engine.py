@@ -41,7 +41,7 @@ from server.engine.request import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, Req
 from server.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from server.engine.step_budget import StepBudget
 from server.engine.step_stats import StepStats, StepStatsSnapshot
-from server.engine.sinks import one_wakeup_per_loop
+from server.engine.sinks import LoopHandover
 from server.engine.speculative import Drafter
 from server.engine.warmup import warm_up
 
@@ -103,6 +103,7 @@ class Engine:
             log.warning("speculative decoding with torch's kernels: verify rows may differ from one-row decodes "
                         "in the last bits, so the output may differ from decoding without it")
         self.outputs = OutputProcessor(tokenizer)
+        self.handover = LoopHandover(config.stream_interval_ms / 1000)  # events to event loops (sinks.py)
         self._wakeup = threading.Condition()
         self._step_lock = threading.Lock()  # held for the length of a step; `paused()` holds it too
         self._stopping = False
@@ -288,6 +289,7 @@ class Engine:
         while True:
             with self._wakeup:
                 while not self._stopping and not self.scheduler.has_work() and not self._calls:
+                    self.handover.flush()  # nothing held waits for a step that may not come
                     self._wakeup.wait()
                 stopping = self._stopping
             with self._step_lock:
@@ -297,6 +299,7 @@ class Engine:
                         if future.set_running_or_notify_cancel():  # its caller may have cancelled it
                             future.set_exception(EngineStoppedError("the engine is shut down"))
                     self._end_all_for_shutdown()
+                    self.handover.flush()
                     return
                 self._run_calls()
                 try:
@@ -322,6 +325,8 @@ class Engine:
         if self.drafter is not None:
             self.drafter.draft_all(self.scheduler.running)  # the schedule fits what it can
         sched = self.scheduler.schedule()
+        if sched.work.prompt_tokens:  # a longer step: what is held goes before it
+            self.handover.flush()
         events = [(req, self.outputs.end(req, FINISH_ABORT)) for req in sched.aborted]
         try:  # what this step produced reaches its sinks even if a later part fails (`_run` ends the rest)
             if sched.num_tokens:
@@ -390,7 +395,7 @@ class Engine:
 
     def _deliver(self, events: list[tuple[Request, TokenOutput]]) -> None:
         """Hands a step's events to their sinks: one wake-up per event loop for all of its requests."""
-        with one_wakeup_per_loop():
+        with self.handover.step():
             for req, out in events:
                 try:
                     req.sink(out)
