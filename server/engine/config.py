@@ -1,6 +1,7 @@
 """The engine's settings (the server's flags of the same names)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 DEFAULT_KV_CACHE_MEMORY = 128 * 2**20  # bytes: the previous engine's 32 slots of 512 tokens, for the default model
@@ -45,7 +46,7 @@ class EngineConfig:
             raise ValueError(f"target_step_ms must be > 0, got {self.target_step_ms}")
         if not 0 <= self.engine_niceness <= 19:
             raise ValueError(f"engine_niceness must be in 0..19, got {self.engine_niceness}")
-        if not self.stream_interval_ms >= 0:
+        if not 0 <= self.stream_interval_ms < math.inf:
             raise ValueError(f"stream_interval_ms must be >= 0, got {self.stream_interval_ms}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")

@@ -311,6 +311,8 @@ class Engine:
                     self._deliver(events)
 
     def _run_calls(self) -> None:
+        if self._calls:  # a call may take a while (a forward for the attention view): what is held goes first
+            self.handover.flush()
         while self._calls:
             fn, future = self._calls.popleft()
             if future.set_running_or_notify_cancel():
@@ -325,7 +327,7 @@ class Engine:
         if self.drafter is not None:
             self.drafter.draft_all(self.scheduler.running)  # the schedule fits what it can
         sched = self.scheduler.schedule()
-        if sched.work.prompt_tokens:  # a longer step: what is held goes before it
+        if sched.work.prompt_tokens > sum(map(len, sched.drafts.values())):  # a longer step: what is held goes first
             self.handover.flush()
         events = [(req, self.outputs.end(req, FINISH_ABORT)) for req in sched.aborted]
         try:  # what this step produced reaches its sinks even if a later part fails (`_run` ends the rest)

@@ -9,9 +9,10 @@ With an interval (`--stream-interval-ms`), a loop is woken at most once per inte
 wait for a later step's while the loop was woken less than the interval ago, unless one of them is a
 request's first event (its time to first token) or last (its end). Each wake-up costs the loop's thread
 Python's lock, which the engine thread needs back when it returns from each native call; where steps are
-shorter than the interval (a small model on a CPU) fewer wake-ups leave the engine more of it. Held
-events never wait past the next step of decodes only: a step with prompt work, or an engine going idle,
-hands them over first. vLLM's and SGLang's `--stream-interval` hold tokens likewise, counted in tokens.
+shorter than the interval (a small model on a CPU) fewer wake-ups leave the engine more of it. A held
+event waits at most the interval and one step: a step with prompt work (or an uncached request's
+recompute), work run between steps, and an engine going idle hand everything over first. vLLM's and
+SGLang's `--stream-interval` hold tokens likewise, counted in tokens.
 """
 from __future__ import annotations
 
@@ -32,13 +33,11 @@ class AsyncSink:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, events: asyncio.Queue) -> None:
         self.loop, self.events = loop, events
-        self.started = False  # an event was sent
 
     def __call__(self, out: TokenOutput) -> None:
         if self.loop.is_closed():
             raise RuntimeError("the event loop is closed")
-        urgent = out.finished or not self.started
-        self.started = True
+        urgent = out.finished or out.index <= 1  # a request's first or last event (one sink may serve several)
         handover = getattr(_active, "handover", None)
         if handover is None:  # outside a delivery: at once
             self.loop.call_soon_threadsafe(self.events.put_nowait, out)
@@ -83,7 +82,8 @@ class LoopHandover:
     def _hand_over(self, everything: bool) -> None:
         now = time.monotonic()
         for loop in list(self._held):
-            if not everything and loop not in self._urgent and now - self._woken_at.get(loop, -math.inf) < self.interval_s:
+            recently = now - self._woken_at.get(loop, -math.inf) < self.interval_s
+            if recently and not everything and loop not in self._urgent:
                 continue
             items = self._held.pop(loop)
             self._woken_at[loop] = now

@@ -61,7 +61,7 @@ def test_held_events_go_with_a_requests_first_or_last_event_or_before_a_step_wit
     assert sum(o.finished for o in events) == 2  # every request's last event went at once
 
 
-def test_with_an_interval_the_loop_is_woken_for_first_and_last_events_and_the_tokens_are_unchanged(
+def test_with_an_interval_the_loop_is_woken_a_few_times_instead_of_every_step_and_the_tokens_are_unchanged(
         tiny_model, tiny_tokenizer):
     prompts = [tiny_tokenizer.encode(t) for t in ("To be", "or not to be", "that is", "the question")]
 
@@ -100,6 +100,19 @@ def test_with_an_interval_the_loop_is_woken_for_first_and_last_events_and_the_to
     assert paced == every_step and all(len(t) == GREEDY.max_new_tokens for t in paced)
     assert woken_every_step >= GREEDY.max_new_tokens  # a wake-up per step
     assert woken_paced <= 3  # the first tokens' step, the last tokens' step (and one spare for a split prompt step)
+
+
+def test_each_requests_first_event_goes_at_once_when_requests_share_a_sink(tiny_model, tiny_tokenizer, recording):
+    """As the copies of one prompt (n > 1) do, and the prompts of one request."""
+    eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=4, threads=1, stream_interval_ms=LONG_MS)  # stepped here
+    shared = recording.sink()
+    eng.submit(tiny_tokenizer.encode("To be, or not"), GREEDY, shared, request_id="a")
+    eng.step()
+    eng.step()  # a's second token: held
+    eng.submit(tiny_tokenizer.encode("the question"), GREEDY, shared, request_id="b")
+    eng.step()  # a's held token goes before b's prompt; b's first token, on the same sink, goes at once
+    assert [[(o.request_id, o.index) for o in w] for w in recording.wakeups] == [
+        [("a", 1)], [("a", 2)], [("a", 3), ("b", 1)]]
 
 
 def test_what_is_held_goes_on_flush_and_when_the_engine_has_nothing_left_to_step(
