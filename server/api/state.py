@@ -69,7 +69,7 @@ class AppState:
         gc.freeze()
         self.metrics.bind(lambda: engine.num_running, lambda: engine.num_waiting, lambda: engine.kv_cache_usage,
                           engine.counters)
-        step_stats = getattr(engine, "step_stats_snapshot", None)  # a local Engine's; the cluster's client has none
+        step_stats = getattr(engine, "step_stats_snapshot", None)  # a local Engine's, or the replicas' summed
         if step_stats is not None:
             self.metrics.bind_steps(step_stats)
         self.engine = engine

@@ -35,6 +35,7 @@ from server.cluster.feeds import Feeds, Followed, cancel_call, wire_id
 from server.cluster.protocol import FeedEnded, Submission, Taken
 from server.cluster.router import ReplicaReport, Router
 from server.engine import FINISH_ABORT, FINISH_ERROR, EngineArgs, EngineInfo
+from server.engine.step_stats import StepStatsSnapshot, merged
 
 log = logging.getLogger("kvserve.cluster")
 
@@ -134,6 +135,12 @@ class RayEngineClient:
         return {"prefix_cache_queries": sum(r.prefix_cache_queries for r in reports),
                 "prefix_cache_hits": sum(r.prefix_cache_hits for r in reports),
                 "num_preemptions": sum(r.preemptions for r in reports)}
+
+    def step_stats_snapshot(self) -> StepStatsSnapshot:
+        """The replicas' engine steps, summed over their last reports."""
+        target_ms = self.config.target_step_ms
+        return merged([StepStatsSnapshot.from_builtins(r.step_stats) for r in self.reports() if r.step_stats],
+                      None if target_ms is None else target_ms / 1000, self.config.max_num_batched_tokens)
 
     # ---- life cycle (the app's) ---------------------------------------------------------------------
 

@@ -211,7 +211,8 @@ class EngineReplica:
         return report_from(self.replica_id, self.engine.blocks, self.engine.num_running, self.engine.num_waiting,
                            prefix_cache_queries=stats.prefix_cache_queries, prefix_cache_hits=stats.prefix_cache_hits,
                            preemptions=stats.preemptions, kv_cache_usage=self.engine.kv_cache_usage,
-                           pid=os.getpid(), kernels=self.engine.model.kernels).to_stats()
+                           pid=os.getpid(), kernels=self.engine.model.kernels,
+                           step_stats=self.engine.step_stats_snapshot().as_builtins()).to_stats()
 
     async def check_health(self) -> None:
         """Ray Serve's health check: a replica whose engine thread died is restarted."""

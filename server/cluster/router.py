@@ -60,6 +60,7 @@ class ReplicaReport:
     kv_cache_usage: float = 0.0  # fraction of blocks held (0..1)
     pid: int = 0  # its process
     kernels: str = ""  # the kernels its model runs (exact or stock)
+    step_stats: tuple | None = None  # its engine's StepStatsSnapshot.as_builtins(), for the ingress's /metrics
 
     def to_stats(self) -> dict:
         """As Ray Serve's routing_stats: builtins only, so Serve's controller, which relays them, needs

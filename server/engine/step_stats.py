@@ -3,6 +3,7 @@ and prompt apart. The engine fills them; /metrics reads them at scrape time (no 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import threading
 from dataclasses import dataclass
 
@@ -53,6 +54,34 @@ class StepStatsSnapshot:
     target_step_s: float | None  # the time target in force (--target-step-ms), None when off
     max_batched_tokens: int  # the token cap of a step (--max-num-batched-tokens)
     prompt_allowance: int  # prompt tokens the latest step was allowed
+
+    def as_builtins(self) -> tuple:
+        """Tuples, lists and numbers only (a replica's report to Ray Serve); `from_builtins` reads it back."""
+        return dataclasses.astuple(self)
+
+    @classmethod
+    def from_builtins(cls, fields: tuple) -> "StepStatsSnapshot":
+        histograms = [HistogramSnapshot(tuple(buckets), list(counts), total, count)
+                      for buckets, counts, total, count in fields[:3]]
+        return cls(*histograms, *fields[3:])
+
+
+def merged(snapshots: list[StepStatsSnapshot], target_step_s: float | None,
+           max_batched_tokens: int) -> StepStatsSnapshot:
+    """Several engines' steps as one (a cluster's replicas): each histogram summed bucket by bucket, the
+    prompt allowances summed; the budget's settings, which every replica shares, as given (from the first
+    snapshot, if any)."""
+    if snapshots:
+        target_step_s, max_batched_tokens = snapshots[0].target_step_s, snapshots[0].max_batched_tokens
+
+    def summed(name: str, buckets: tuple[float, ...]) -> HistogramSnapshot:
+        parts = [getattr(s, name) for s in snapshots]
+        counts = [sum(column) for column in zip(*(p.counts for p in parts))] or [0] * (len(buckets) + 1)
+        return HistogramSnapshot(buckets, counts, sum(p.total for p in parts), sum(p.count for p in parts))
+
+    return StepStatsSnapshot(summed("step_seconds", STEP_SECONDS_BUCKETS), summed("decode_tokens", STEP_TOKENS_BUCKETS),
+                             summed("prompt_tokens", STEP_TOKENS_BUCKETS), target_step_s, max_batched_tokens,
+                             sum(s.prompt_allowance for s in snapshots))
 
 
 class StepStats:

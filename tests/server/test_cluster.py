@@ -210,6 +210,10 @@ def test_kv_routing_sends_every_repeat_to_the_replica_that_computed_it_and_round
     while _metric(cluster, "kvserve:prefix_cache_hits_total") < hits and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _metric(cluster, "kvserve:prefix_cache_hits_total") >= hits
+    # the replicas' step histograms, summed likewise: every request took a step of its own or more
+    while _metric(cluster, "kvserve:step_duration_seconds_count") < len(kv) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _metric(cluster, "kvserve:step_duration_seconds_count") >= len(kv)
 
 
 def _metric(url: str, name: str) -> float:

@@ -335,3 +335,25 @@ def test_ended_calls_are_forgotten_after_their_ttl_even_where_no_routing_prunes_
         now[0] = k * 0.001  # 1,000 calls a second
         router.release(f"call-{k}")
     assert len(router._released) <= 4096 and "call-19999" in router._released
+
+
+def test_a_replicas_step_histograms_cross_in_its_report_and_sum_over_replicas():
+    from server.engine.step_budget import StepWork
+    from server.engine.step_stats import StepStats, merged
+    snapshots = []
+    for steps in ([(StepWork(3, 30, 0), 0.002)], [(StepWork(1, 10, 16), 0.004), (StepWork(2, 20, 0), 0.0007)]):
+        stats = StepStats()
+        for work, seconds in steps:
+            stats.observe(work, seconds)
+        report = _report(f"r{len(snapshots)}")
+        report.step_stats = stats.snapshot(None, 128, 16).as_builtins()
+        back = ReplicaReport.from_stats(report.to_stats())  # as Ray Serve relays it: builtins only
+        snapshots.append(type(stats.snapshot(None, 128, 0)).from_builtins(back.step_stats))
+    total = merged(snapshots, None, 128)
+    assert (total.step_seconds.count, total.decode_tokens.total, total.prompt_tokens.total) == (3, 6, 16)
+    assert total.step_seconds.total == pytest.approx(0.0067)
+    assert [sum(total.step_seconds.counts[:i]) for i in (1, 2, 3, 4)] == [0, 1, 2, 3]  # to 0.5, 1, 2.5, 5 ms
+    assert total.prompt_allowance == 32 and total.max_batched_tokens == 128
+    empty = merged([], 0.05, 64)
+    assert (empty.step_seconds.count, empty.target_step_s, empty.max_batched_tokens) == (0, 0.05, 64)
+    assert len(empty.decode_tokens.counts) == len(empty.decode_tokens.buckets) + 1
