@@ -19,7 +19,7 @@ from server.__main__ import EXIT_STARTUP, _at_least, check_args, engine_config_f
 from server.__main__ import parse_args as parse_server_args
 
 POLICIES = ("kv", "pow2", "round-robin")
-CLUSTER_STREAM_INTERVAL_MS = 5.0  # a replica's tokens cross Ray at most every 5 ms (BENCHMARKS.md 22)
+CLUSTER_STREAM_INTERVAL_MS = 5.0  # the least time between a replica engine's wake-ups of its event loop (why: BENCHMARKS.md)
 CLUSTER_ENGINE_NICENESS = 4  # Ray starts its workers at nice 15: the replicas' compute at 19 (BENCHMARKS.md 16)
 
 

@@ -298,8 +298,7 @@ class Engine:
                         future = self._calls.popleft()[1]
                         if future.set_running_or_notify_cancel():  # its caller may have cancelled it
                             future.set_exception(EngineStoppedError("the engine is shut down"))
-                    self._end_all_for_shutdown()
-                    self.handover.flush()
+                    self._end_all_for_shutdown()  # every request's last event: what is held goes with it
                     return
                 self._run_calls()
                 try:
@@ -327,8 +326,8 @@ class Engine:
         if self.drafter is not None:
             self.drafter.draft_all(self.scheduler.running)  # the schedule fits what it can
         sched = self.scheduler.schedule()
-        if sched.work.prompt_tokens > sum(map(len, sched.drafts.values())):  # a longer step: what is held goes first
-            self.handover.flush()
+        if self.handover.holding and sched.work.prompt_tokens > sum(map(len, sched.drafts.values())):
+            self.handover.flush()  # a longer step (prompt work, not drafts): what is held goes first
         events = [(req, self.outputs.end(req, FINISH_ABORT)) for req in sched.aborted]
         try:  # what this step produced reaches its sinks even if a later part fails (`_run` ends the rest)
             if sched.num_tokens:

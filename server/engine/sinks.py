@@ -80,23 +80,21 @@ class LoopHandover:
             self._hand_over(everything=True)
 
     def _hand_over(self, everything: bool) -> None:
-        now = time.monotonic()
+        now = time.monotonic() if self.interval_s > 0 else 0.0  # no interval: no clock, nothing remembered
         for loop in list(self._held):
             recently = now - self._woken_at.get(loop, -math.inf) < self.interval_s
             if recently and not everything and loop not in self._urgent:
                 continue
             items = self._held.pop(loop)
-            self._woken_at[loop] = now
+            if self.interval_s > 0:
+                self._woken_at[loop] = now
             try:
                 loop.call_soon_threadsafe(_put_all, items)
             except RuntimeError:  # a loop closed meanwhile: its consumers are gone, the next event to them raises
                 pass
         self._urgent.clear()
-        if self.interval_s > 0:  # a loop woken longer ago is as one never woken
+        if self._woken_at:  # a loop woken longer ago is as one never woken
             self._woken_at = {loop: t for loop, t in self._woken_at.items() if now - t < self.interval_s}
-        else:
-            self._woken_at.clear()
-
 
 def _put_all(items: list[tuple[asyncio.Queue, TokenOutput]]) -> None:
     for events, out in items:

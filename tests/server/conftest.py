@@ -101,6 +101,20 @@ def sse_events(lines) -> list[dict | str]:
     return events
 
 
+def count_wakeups(loop) -> list:
+    """Every callback handed to `loop` from another thread from now on (the engine's wake-ups), in order; the
+    loop's own `call_soon_threadsafe` still runs them. For a loop that ends with the test (`asyncio.run`'s)."""
+    wakeups = []
+    real = loop.call_soon_threadsafe
+
+    def counting(callback, *args):
+        wakeups.append(callback)
+        return real(callback, *args)
+
+    loop.call_soon_threadsafe = counting
+    return wakeups
+
+
 def wait_for(condition, what: str, timeout: float = 30.0) -> None:
     """Polls until `condition()` holds; fails naming `what` if it never does."""
     deadline = time.monotonic() + timeout

@@ -15,6 +15,7 @@ from model.generate import generate
 from model.sampling import SamplingParams
 from server.engine import AsyncSink, Engine, EngineStoppedError, QueueFullError, TokenOutput
 from tests.conftest import EXACT
+from tests.server.conftest import count_wakeups
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
 
@@ -246,17 +247,9 @@ def test_async_stream_yields_tokens_then_finishes(engine, tiny_tokenizer):
     assert outs[-1].stats.time_to_first_token_s is not None
 
 
-def test_the_event_loop_gets_one_wakeup_per_step_for_all_its_streams(engine, tiny_tokenizer, monkeypatch):
+def test_the_event_loop_gets_one_wakeup_per_step_for_all_its_streams(engine, tiny_tokenizer):
     async def run():
-        loop = asyncio.get_running_loop()
-        wakeups = []
-        real = loop.call_soon_threadsafe
-
-        def counting(callback, *args):
-            wakeups.append(callback)
-            return real(callback, *args)
-
-        monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
+        wakeups = count_wakeups(asyncio.get_running_loop())
         params = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True)
         with engine.paused():
             streams = [stream(engine, p, params) for p in prompts(tiny_tokenizer, 8)]

@@ -8,6 +8,7 @@ import pytest
 from model.sampling import SamplingParams
 from server.engine import AsyncSink, Engine, TokenOutput
 from server.engine.sinks import LoopHandover
+from tests.server.conftest import count_wakeups
 
 LONG_MS = 600_000.0  # an interval no test outlasts: only the exceptions hand events over
 GREEDY = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True)
@@ -70,14 +71,7 @@ def test_with_an_interval_the_loop_is_woken_a_few_times_instead_of_every_step_an
 
         async def main():
             loop = asyncio.get_running_loop()
-            wakeups = []
-            real = loop.call_soon_threadsafe
-
-            def counting(callback, *args):
-                wakeups.append(callback)
-                return real(callback, *args)
-
-            loop.call_soon_threadsafe = counting
+            wakeups = count_wakeups(loop)
             queues = [asyncio.Queue() for _ in prompts]
             with eng.paused():  # every request in the same steps
                 for ids, q in zip(prompts, queues):
