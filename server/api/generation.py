@@ -74,6 +74,11 @@ class Generation:
     def done(self) -> bool:
         return not self._open
 
+    def has_ready(self) -> bool:
+        """`events` would give its next pair, or end, without waiting: events have arrived that it has not
+        taken yet, or every choice has its last one."""
+        return not self._events.empty() or not self._open
+
     def cancel(self) -> None:
         for rid in getattr(self, "_open", self.request_ids):
             self.engine.abort(rid)

@@ -88,7 +88,7 @@ async def chat_completion(request: Request, body: ChatCompletionRequest, engine:
     head = dict(id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=names.primary)
     if body.stream:
         return sse_response(_chat_events(engine, gen.events(request), head, body, prompt_ids), gen.cancel,
-                            openai=True)
+                            openai=True, ready=gen.has_ready)
     outs = await gen.collect(request)
     choices = [ChatChoice(index=k, message=ChatResponseMessage(content="".join(o.text for o in tokens_of(events))),
                           logprobs=_logprobs(engine, tokens_of(events), params.logprobs) if body.logprobs else None,

@@ -124,7 +124,7 @@ async def openai_completion(request: Request, body: CompletionRequest, engine: E
     texts = [engine.tokenizer.decode(p) if isinstance(raw, list) else raw for p, raw in zip(prompts, body.prompts)]
     if body.stream:
         events = _completion_events(gen.events(request), head, body, prompts, texts, builder, gen)
-        return sse_response(events, gen.cancel, openai=True)
+        return sse_response(events, gen.cancel, openai=True, ready=gen.has_ready)
     outs = await gen.collect(request)
     choices = []
     for i, prompt in enumerate(prompts):
