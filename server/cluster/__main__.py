@@ -17,8 +17,8 @@ from pathlib import Path
 
 from server.__main__ import EXIT_STARTUP, _at_least, check_args, engine_config_from, limits_from, usage_error
 from server.__main__ import parse_args as parse_server_args
+from server.cluster.router import DEFAULT_IMBALANCE_THRESHOLD, POLICIES
 
-POLICIES = ("kv", "pow2", "round-robin")
 CLUSTER_STREAM_INTERVAL_MS = 5.0  # the least time between a replica engine's wake-ups of its event loop (why: BENCHMARKS.md)
 CLUSTER_ENGINE_NICENESS = 4  # Ray starts its workers at nice 15: the replicas' compute at 19 (BENCHMARKS.md 16)
 
@@ -33,7 +33,7 @@ def cluster_parser() -> argparse.ArgumentParser:
     ap.add_argument("--router", choices=POLICIES, default="kv",
                     help="kv: the replica holding the longest cached prefix, unless too loaded; pow2: Ray Serve's "
                          "power of two choices; round-robin")
-    ap.add_argument("--imbalance-threshold", type=_at_least(int, 0, strict=False), default=4,
+    ap.add_argument("--imbalance-threshold", type=_at_least(int, 0, strict=False), default=DEFAULT_IMBALANCE_THRESHOLD,
                     help="kv: requests of load gap past which the least loaded replica wins")
     ap.add_argument("--replica-cpus", type=_at_least(float, 0), default=1.0, help="Ray CPUs reserved per replica")
     ap.add_argument("--min-replicas", type=_at_least(int, 0, strict=False), default=None,

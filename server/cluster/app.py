@@ -19,7 +19,7 @@ from server.api.limits import Limits
 from server.cluster.client import RayEngineClient
 from server.cluster.metrics import cluster_metrics
 from server.cluster.ray_router import KVCacheRequestRouter
-from server.cluster.router import ROUTERS
+from server.cluster.router import DEFAULT_IMBALANCE_THRESHOLD, ROUTERS
 from server.cluster.replica import EngineReplica
 from server.engine import EngineArgs, EngineConfig
 
@@ -38,7 +38,7 @@ class ClusterSettings:
     checkpoint: Path  # the checkpoint every replica loads
     replicas: int = 2  # fixed number of replicas (without autoscaling)
     router: str = "kv"  # kv, pow2 (Ray Serve's choice) or round-robin
-    imbalance_threshold: int = 4  # kv: requests of load gap past which the least loaded replica wins
+    imbalance_threshold: int = DEFAULT_IMBALANCE_THRESHOLD  # kv: requests of load gap past which the least loaded wins
     engine: EngineConfig = field(default_factory=EngineConfig)  # per replica (--kv-cache-memory is per replica)
     device: str = "cpu"
     dtype: str = "float32"

@@ -22,11 +22,12 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 
 import server.cluster.router as router_core
 from server.cluster.protocol import FeedRequest, Submission
-from server.cluster.router import ReplicaReport, Router
+from server.cluster.router import DEFAULT_IMBALANCE_THRESHOLD, ReplicaReport, Router
 
 
 class KVCacheRequestRouter(RequestRouter):
-    def initialize_state(self, policy: str = "kv", block_size: int = 16, imbalance_threshold: int = 4,
+    def initialize_state(self, policy: str = "kv", block_size: int = 16,
+                         imbalance_threshold: int = DEFAULT_IMBALANCE_THRESHOLD,
                          **kwargs: Any) -> None:
         self.router = Router(policy, block_size, imbalance_threshold=imbalance_threshold)
         # Serve pickles this module by value: the registry is reached through the router module, the one

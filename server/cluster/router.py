@@ -38,7 +38,7 @@ from server.engine.block_manager import BlockManager, extend_block_keys
 
 POLICIES = ("kv", "pow2", "round-robin")
 ROUTERS: dict[str, Router] = {}  # this process's routers by deployment name (Ray Serve makes them; /metrics reads)
-DEFAULT_IMBALANCE_THRESHOLD = 4  # requests: past this gap in load, `kv` routes to the least loaded replica
+DEFAULT_IMBALANCE_THRESHOLD = 8  # requests: past this gap in load, `kv` routes to the least loaded replica
 DEFAULT_PENDING_TTL = 30.0  # seconds a routed request's keys count as held before a report confirms them
 OVERFLOW_MARGIN = 0.9  # a replica whose reused prefixes take more of its blocks than this hands one over
 

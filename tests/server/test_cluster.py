@@ -75,6 +75,7 @@ APPS = (  # name, router, replicas, Ray CPUs per replica, engine limits
     ("rr", "round-robin", 2, 0.4, {}),
     ("small", "kv", 1, 0.2, {"max_num_seqs": 1, "max_waiting": 0}),  # holds one request: the refusals' test
 )
+IMBALANCE_THRESHOLD = 4  # under the default (8): the fallback's test has 8 requests in flight at once
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +91,8 @@ def cluster(checkpoint):
     serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
     for name, router, replicas, cpus, limits in APPS:
         settings = ClusterSettings(checkpoint=checkpoint, replicas=replicas, router=router, replica_cpus=cpus,
-                                   engine=EngineConfig(threads=1, num_blocks=NUM_BLOCKS, **limits), model_name="tiny")
+                                   engine=EngineConfig(threads=1, num_blocks=NUM_BLOCKS, **limits), model_name="tiny",
+                                   imbalance_threshold=IMBALANCE_THRESHOLD)
         serve.run(build_app(settings), name=name, route_prefix="/" if name == "kv" else f"/{name}", blocking=False)
     urls = {}
     for port in range(first, first + len(APPS)):
@@ -224,7 +226,7 @@ def _metric(url: str, name: str) -> float:
 
 
 def test_kv_routing_falls_back_to_the_least_loaded_replica_past_the_imbalance_threshold(cluster):
-    """Eight long requests with one cached prefix at once: past 4 (the threshold) in flight on the replica
+    """Eight long requests with one cached prefix at once: past 4 (the threshold set here) in flight on the replica
     holding it, the router sends the next to the other replica, which has never seen the prefix."""
     url = cluster["kv"]
     prefix = " ".join(["lantern harbour"] * 60) + " fallback"
