@@ -24,7 +24,7 @@ from server.api.protocol_openai import (ChatChoice, ChatChoiceLogprobs, ChatChun
                                         ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatLogprob,
                                         ChatMessage, ChatResponseMessage, ChatTokenLogprob)
 from server.api.seeds import copies_of, seed_for
-from server.api.sse import error_event, sse, sse_response
+from server.api.sse import NOTHING_YET, error_event, sse, sse_response
 from server.engine import FINISH_ERROR, Engine, TokenOutput
 
 
@@ -88,7 +88,7 @@ async def chat_completion(request: Request, body: ChatCompletionRequest, engine:
     head = dict(id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=names.primary)
     if body.stream:
         return sse_response(_chat_events(engine, gen.events(request), head, body, prompt_ids), gen.cancel,
-                            openai=True, ready=gen.has_ready)
+                            openai=True, more_ready=gen.has_ready)
     outs = await gen.collect(request)
     choices = [ChatChoice(index=k, message=ChatResponseMessage(content="".join(o.text for o in tokens_of(events))),
                           logprobs=_logprobs(engine, tokens_of(events), params.logprobs) if body.logprobs else None,
@@ -117,6 +117,7 @@ async def _chat_events(engine: Engine, events: AsyncIterator[tuple[int, TokenOut
                 yield error_event(out, openai=True)
                 yield "data: [DONE]\n\n"
                 return
+            yield NOTHING_YET
             continue
         if not started[k]:  # OpenAI's first delta of a choice names the role
             started[k] = True
@@ -127,6 +128,8 @@ async def _chat_events(engine: Engine, events: AsyncIterator[tuple[int, TokenOut
             yield chunk(index=k, delta=ChatDelta(content=out.text), logprobs=logprobs,
                         finish_reason=OPENAI_FINISH.get(out.finish_reason))
             held[k] = []
+        else:
+            yield NOTHING_YET
     if any(c and c[-1].finish_reason not in OPENAI_FINISH for c in choices):
         return  # cancelled
     if body.include_usage:

@@ -23,7 +23,7 @@ from server.api.params import logit_bias_of, sampling_params
 from server.api.protocol_openai import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
                                         Usage)
 from server.api.seeds import copies_of, seed_for
-from server.api.sse import error_event, sse_response
+from server.api.sse import NOTHING_YET, error_event, sse_response
 from server.engine import FINISH_ERROR, Engine, TokenOutput
 
 
@@ -124,7 +124,7 @@ async def openai_completion(request: Request, body: CompletionRequest, engine: E
     texts = [engine.tokenizer.decode(p) if isinstance(raw, list) else raw for p, raw in zip(prompts, body.prompts)]
     if body.stream:
         events = _completion_events(gen.events(request), head, body, prompts, texts, builder, gen)
-        return sse_response(events, gen.cancel, openai=True, ready=gen.has_ready)
+        return sse_response(events, gen.cancel, openai=True, more_ready=gen.has_ready)
     outs = await gen.collect(request)
     choices = []
     for i, prompt in enumerate(prompts):
@@ -186,6 +186,8 @@ async def _completion_events(events: AsyncIterator[tuple[int, TokenOutput]], hea
         if out.token_id is None:
             if out.finish_reason in OPENAI_FINISH:  # a scored prompt: nothing generated
                 yield chunk(CompletionChoice(index=k, text="", finish_reason=OPENAI_FINISH[out.finish_reason]))
+            else:
+                yield NOTHING_YET
             continue
         held[k].append(out)
         if out.text or out.finished:  # the chunk carries the logprobs of every token since the last one
@@ -194,6 +196,8 @@ async def _completion_events(events: AsyncIterator[tuple[int, TokenOutput]], hea
                                          finish_reason=OPENAI_FINISH.get(out.finish_reason)))
             offsets[k] += len(out.text)
             held[k] = []
+        else:
+            yield NOTHING_YET
     if any(c and c[-1].finish_reason not in OPENAI_FINISH for c in choices):
         return  # cancelled
     if body.include_usage:

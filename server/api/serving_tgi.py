@@ -107,7 +107,7 @@ async def tgi_generate(request: Request, body: GenerateRequest, engine: Engine, 
     attention = (lambda out_ids: attention_of_generation(engine, prompt_ids, out_ids)) if p.return_attention else None
     if stream:
         return sse_response(_tgi_events(engine, gen.events(request), prefix, prompt_ids, attention), gen.cancel,
-                            ready=None if attention else gen.has_ready)  # the attention is computed off the loop
+                            more_ready=None if attention else gen.has_ready)  # the attention is computed off the loop
     choices = await gen.collect(request)
     best = max(range(best_of), key=lambda k: _sequence_logprob(choices[k]))  # the likeliest, as TGI picks
     outs, final = tokens_of(choices[best]), choices[best][-1]

@@ -14,6 +14,7 @@ from server.engine import TokenOutput
 
 log = logging.getLogger("kvserve.serving")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+NOTHING_YET = ""  # what a stream's generator yields for an event it took but holds (text held back): see `guarded`
 
 
 def sse(data: BaseModel | dict | str) -> str:
@@ -31,36 +32,38 @@ def error_event(out: TokenOutput, openai: bool = False) -> str:
 
 
 def sse_response(events: AsyncIterator[str], on_close: Callable[[], None], openai: bool = False,
-                 ready: Callable[[], bool] | None = None) -> StreamingResponse:
+                 more_ready: Callable[[], bool] | None = None) -> StreamingResponse:
     """A stream whose failure ends it with an error event in the route's shape (`openai`: OpenAI's).
-    `ready` (the Generation's `has_ready`) says that more of the engine's events have already arrived: the
-    events made of them go out with this one, in one write (see `guarded`).
+    `more_ready` (the Generation's `has_ready`) says that more of the engine's events have already arrived:
+    the events made of them go out with this one, in one write (see `guarded`).
     `on_close` (the Generation's cancel) runs once the response is over, also when the client left
     before its first event (then `events` never started, so its own cleanup never runs). It runs on the
     event loop: Starlette hands a plain function to a worker thread, a thread hop per response, and the
     cluster's engine client cancels asyncio tasks, which only the loop's thread may do."""
     async def close() -> None:
         on_close()
-    return StreamingResponse(guarded(events, openai, ready), media_type="text/event-stream", headers=SSE_HEADERS,
+    return StreamingResponse(guarded(events, openai, more_ready), media_type="text/event-stream", headers=SSE_HEADERS,
                              background=BackgroundTask(close))
 
 
 async def guarded(events: AsyncIterator[str], openai: bool = False,
-                  ready: Callable[[], bool] | None = None) -> AsyncIterator[str]:
+                  more_ready: Callable[[], bool] | None = None) -> AsyncIterator[str]:
     """A failure inside a stream becomes its last event instead of a torn connection.
 
-    With `ready`, events are joined while it says that more have arrived: tokens that reach the
+    With `more_ready`, events are joined while it says that more have arrived: tokens that reach the
     server together (a step's copies, or the steps an engine's --stream-interval-ms held back) leave in
     one body chunk, one socket write, where each would be a write of its own. The client reads the same
-    bytes, one SSE event a token. Nothing waits for an event that has not arrived."""
+    bytes, one SSE event a token. `events` yields for every engine event it takes, `NOTHING_YET` for one
+    whose text it holds back, so that what was joined goes out before it waits for the next: nothing that
+    has arrived waits for an event that has not."""
     joined: list[str] = []
     try:
         async for event in events:
-            joined.append(event)
-            if ready is not None and ready():
-                continue
-            yield "".join(joined)
-            joined.clear()
+            if event:
+                joined.append(event)
+            if joined and not (more_ready is not None and more_ready()):
+                yield "".join(joined)
+                joined.clear()
     except Exception as e:  # noqa: BLE001 - anything here must reach the client as an error event
         log.exception("stream failed")
         joined.append(sse(error_body(500, f"{type(e).__name__}: {e}", "generation", openai)))
