@@ -19,7 +19,7 @@ from server.__main__ import EXIT_STARTUP, _at_least, check_args, engine_config_f
 from server.__main__ import parse_args as parse_server_args
 from server.cluster.router import DEFAULT_IMBALANCE_THRESHOLD, POLICIES
 
-CLUSTER_STREAM_INTERVAL_MS = 5.0  # the least time between a replica engine's wake-ups of its event loop (why: BENCHMARKS.md)
+CLUSTER_STREAM_INTERVAL_MS = 5.0  # least time between a replica engine's wake-ups of its loop (why: BENCHMARKS.md)
 CLUSTER_ENGINE_NICENESS = 4  # Ray starts its workers at nice 15: the replicas' compute at 19 (BENCHMARKS.md 16)
 
 

@@ -15,21 +15,6 @@ for r in $(seq $ROUNDS); do for v in $VARIANTS; do
   .venv/bin/python -m loadtest --url http://127.0.0.1:$PORT --concurrency $C --num-requests 400 --max-new-tokens 64 \
     --prompt-tokens 64 --quiet --json-out $OUT/load_$v$r.json > $OUT/load_$v$r.log 2>&1
   i1=$(cpu $ING); r1=$(cpu $REP)
-  python3 - $OUT/load_$v$r.json $i0 $i1 $r0 $r1 $v $r <<'PY'
-import json,sys
-f,i0,i1,r0,r1,v,r=sys.argv[1:]; d=json.load(open(f))
-def find(x):
-    if isinstance(x,dict):
-        if 'output_tokens' in x and 'output_tokens_per_s' in x: return x
-        x=list(x.values())
-    if isinstance(x,list):
-        for y in x:
-            z=find(y)
-            if z: return z
-s=find(d); tok=s['output_tokens']; tps=round(s['output_tokens_per_s'])
-hz=100
-print(f"{v} round {r}: tok/s {tps} tokens {tok} ingress {(int(i1)-int(i0))/hz:.2f}s replica {(int(r1)-int(r0))/hz:.2f}s"
-      + (f" ingress ms/token {(int(i1)-int(i0))/hz*1000/tok:.3f} replica ms/token {(int(r1)-int(r0))/hz*1000/tok:.3f}" if tok else ""))
-PY
+  python3 bench/results/issue19_session12/cpu_per_token.py $OUT/load_$v$r.json "$v round $r" ingress=$i0:$i1 replica=$r0:$r1
   kill -INT $SRV; wait $SRV
 done; done

@@ -10,17 +10,6 @@ for r in $(seq $ROUNDS); do
   .venv/bin/python -m loadtest --url http://127.0.0.1:$PORT --concurrency $C --num-requests 400 --max-new-tokens 64 \
     --prompt-tokens 64 --quiet --json-out $OUT/load_direct$r.json > /dev/null 2>&1
   s1=$(cpu $SRV)
-  python3 -c "
-import json,sys
-d=json.load(open('$OUT/load_direct$r.json'))
-def find(x):
-    if isinstance(x,dict):
-        if 'output_tokens' in x and 'output_tokens_per_s' in x: return x
-        x=list(x.values())
-    if isinstance(x,list):
-        for y in x:
-            z=find(y)
-            if z: return z
-s=find(d); print(f\"direct round $r: tok/s {s['output_tokens_per_s']:.0f} server {($s1-$s0)/100:.2f}s ms/token {($s1-$s0)/100*1000/s['output_tokens']:.3f}\")"
+  python3 bench/results/issue19_session12/cpu_per_token.py $OUT/load_direct$r.json "direct round $r" server=$s0:$s1
   kill -INT $SRV; wait $SRV
 done
