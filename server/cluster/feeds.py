@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import dataclasses
 import logging
 import uuid
@@ -165,7 +166,9 @@ class Feeds:
         self._not_before.pop(replica, None)
         state = FeedState(f"feed-{uuid.uuid4().hex}", replica)
         self._by_replica[replica] = self._by_id[state.feed_id] = state
-        reader = loop.create_task(self._read(state))
+        # in a context of its own, not the request's whose `Taken` opened it: Serve counts a handle call made in
+        # a request's context as that request's child and cancels it with the request (its client left)
+        reader = contextvars.Context().run(loop.create_task, self._read(state))
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
 

@@ -341,6 +341,26 @@ def test_a_request_no_replica_takes_ends_at_its_deadline_and_the_router_counts_n
     assert counts == [0.0], f"the router still counts requests in flight: {counts}"
 
 
+def test_a_client_that_leaves_as_its_request_is_taken_leaves_the_feed_it_opened_to_the_next_requests(cluster):
+    """The feed that a request's `Taken` asks for is no child of that request in Serve, which cancels a
+    leaving request's children: the client leaves at its first event, while the feed is still being
+    attached, and the next request there rides that feed; a stream on it runs to its end."""
+    from server.cluster.replica import FEED_IDLE_S
+    url = cluster["kv"]
+    tenant = "NURSE: " + "the tale of the day " * 6  # full blocks: the second request goes where the first went
+    params = {"max_new_tokens": 300, "ignore_eos": True, "speculative": False}
+    time.sleep(FEED_IDLE_S + 1.5)  # the earlier tests' feeds have ended: the first request below opens one
+    before = _requests_by_stream(url)
+    with httpx.stream("POST", url + "/generate_stream", json={"inputs": tenant + " A", "parameters": params},
+                      timeout=120, trust_env=False) as first:
+        next(line for line in first.iter_lines() if line.startswith("data:"))
+        first.close()  # the client leaves
+    time.sleep(0.5)  # the feed attaches
+    events = _stream(url, "/generate_stream", {"inputs": tenant + " B", "parameters": params | {"details": True}})
+    assert "error" not in events[-1] and events[-1]["details"]["generated_tokens"] == 300, events[-1]
+    assert _requests_by_stream(url)["feed"] - before["feed"] == 1, "the second request did not ride the feed"
+
+
 def _replica_pids(url: str) -> dict[str, int]:
     text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
     pids = {}
