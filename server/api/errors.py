@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse
 
 ERROR_STATUS = {"shutdown": 503, "timeout": 504, "overloaded": 429}  # a failed generation's error_type; else 500
+FAILED_GENERATION = 424  # TGI's status for its GenerationError (Failed Dependency), where OpenAI's routes answer 500
 
 
 VLLM_ROUTES = ("/tokenize", "/detokenize", "/tokenizer_info")  # vLLM's, outside /v1/, answered as vLLM does
@@ -26,6 +27,12 @@ def openai_status(status: int) -> int:
     """OpenAI (and vLLM) answer a request they cannot take with 400, which OpenAI's SDKs raise as
     BadRequestError, the class clients catch (a context overflow among them); TGI answers 422."""
     return 400 if status == 422 else status
+
+
+def tgi_status(status: int, error_type: str) -> int:
+    """TGI answers a generation that failed (error_type 'generation': non-finite logits, a replica lost
+    mid-request) with 424, which huggingface_hub raises as GenerationError; an unexpected error stays 500."""
+    return FAILED_GENERATION if status == 500 and error_type == "generation" else status
 
 
 def openai_type(status: int) -> str:
@@ -57,12 +64,13 @@ class APIError(Exception):
     def response(self, openai: bool = False) -> JSONResponse:
         """TGI's {"error": message, "error_type": type}, or with `openai` OpenAI's
         {"error": {"message", "type", "param", "code"}} and status (400 for TGI's 422), which its clients read."""
-        status = openai_status(self.status) if openai else self.status
+        status = openai_status(self.status) if openai else tgi_status(self.status, self.error_type)
         return JSONResponse(error_body(status, self.message, self.error_type, openai, self.code), status_code=status,
                             headers=self.headers)
 
     @classmethod
     def of_failed_generation(cls, error_type: str | None, message: str | None) -> "APIError":
-        """A generation that ended in error: 504 for its deadline, 503 for a shutdown, else 500."""
+        """A generation that ended in error: 504 for its deadline, 503 for a shutdown, else 500 (424 on TGI's
+        routes: `tgi_status`)."""
         error_type = error_type or "generation"
         return cls(ERROR_STATUS.get(error_type, 500), message or "generation failed", error_type)

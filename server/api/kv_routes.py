@@ -113,7 +113,7 @@ async def _events(watch: KVWatch) -> AsyncIterator[str]:
         while (left := deadline - loop.time()) > 0:
             try:
                 data = await asyncio.wait_for(queue.get(), min(KEEP_ALIVE_S, left))
-            except TimeoutError:
+            except asyncio.TimeoutError:  # the builtin TimeoutError on 3.11+, not on 3.10
                 yield ": keep-alive\n\n"
                 continue
             if data is None:

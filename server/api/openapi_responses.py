@@ -47,6 +47,7 @@ WHY = {
     401: "--api-key is set and the request lacks 'Authorization: Bearer <key>'",
     404: "a model name this server does not serve (see --served-model-name)",
     413: "a body larger than --max-body-bytes",
+    424: "the generation failed (TGI's GenerationError: error_type 'generation')",
     422: "a field out of range, a limit of this server passed (each names its flag), or a prompt too long "
          "for the context",
     429: "the queue is full (--max-waiting); Retry-After says when to try again",

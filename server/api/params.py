@@ -1,8 +1,12 @@
 """Sampling parameters from a request's fields, shared by the TGI and OpenAI routes."""
 from __future__ import annotations
 
+import re
+
 from model.sampling import SAMPLING_EPS, SamplingError, SamplingParams
 from server.api.errors import APIError
+
+TOKEN_ID_KEY = re.compile(r"-?[0-9]{1,18}")  # a logit_bias key that int() reads as a token id (or a negative one)
 
 
 def sampling_params(vocab_size: int, **kw) -> SamplingParams:
@@ -26,8 +30,8 @@ def logit_bias_of(bias: dict[str, float] | None, vocab_size: int, field: str = "
     """OpenAI's {"token id": bias} as (id, bias) pairs; a key that is not a token id is a 422."""
     pairs = []
     for key, value in (bias or {}).items():
-        digits = key.lstrip("-")
-        if not (digits.isascii() and digits.isdigit()) or not 0 <= int(key) < vocab_size:  # int() takes "²" too
+        # ASCII digits only, and few of them: int() takes "²" too, and refuses "--5" and 5,000 digits by raising
+        if not TOKEN_ID_KEY.fullmatch(key) or not 0 <= int(key) < vocab_size:
             raise APIError(422, f"{field}: {key!r} is not a token id in [0, {vocab_size})", "validation")
         pairs.append((int(key), float(value)))
     return tuple(pairs)

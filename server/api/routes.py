@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from server.api.errors import APIError
+from server.api.errors import FAILED_GENERATION, APIError
 from server.api.openapi_responses import (GENERATION_ERRORS, EventStreamResponse, PrometheusResponse, errors,
                                           event_stream)
 from server.api.protocol import GenerateRequest, GenerateResponse, HealthResponse, StreamResponse
@@ -59,7 +59,7 @@ def tgi_router(state: AppState) -> APIRouter:
 
     @router.post("/generate", response_model=GenerateResponse,
                  responses={**event_stream(StreamResponse, False, GenerateResponse),
-                            **errors(*GENERATION_ERRORS, openai=False)})
+                            **errors(*GENERATION_ERRORS, FAILED_GENERATION, openai=False)})
     async def generate(request: Request, body: GenerateRequest):
         """Streams when `stream` is true or the request accepts text/event-stream."""
         stream = body.stream or "text/event-stream" in request.headers.get("accept", "")
@@ -72,7 +72,8 @@ def tgi_router(state: AppState) -> APIRouter:
         return await tgi_generate(request, body, state.ready_engine(), state.metrics, state.limits, stream=True)
 
     @router.post("/", response_model=list[GenerateResponse],
-                 responses={**event_stream(StreamResponse, False), **errors(*GENERATION_ERRORS, openai=False)})
+                 responses={**event_stream(StreamResponse, False),
+                            **errors(*GENERATION_ERRORS, FAILED_GENERATION, openai=False)})
     async def compat_generate(request: Request, body: GenerateRequest):
         """TGI's compatibility route (huggingface_hub's InferenceClient posts here)."""
         return await tgi_generate(request, body, state.ready_engine(), state.metrics, state.limits,

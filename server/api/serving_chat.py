@@ -24,7 +24,7 @@ from server.api.protocol_openai import (ChatChoice, ChatChoiceLogprobs, ChatChun
                                         ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatLogprob,
                                         ChatMessage, ChatResponseMessage, ChatTokenLogprob)
 from server.api.seeds import copies_of, seed_for
-from server.api.sse import NOTHING_YET, error_event, sse, sse_response
+from server.api.sse import DONE, NOTHING_YET, error_event, sse, sse_response
 from server.engine import FINISH_ERROR, Engine, TokenOutput
 
 
@@ -115,7 +115,7 @@ async def _chat_events(engine: Engine, events: AsyncIterator[tuple[int, TokenOut
         if out.token_id is None:
             if out.finish_reason == FINISH_ERROR:
                 yield error_event(out, openai=True)
-                yield "data: [DONE]\n\n"
+                yield DONE
                 return
             yield NOTHING_YET
             continue
@@ -135,4 +135,4 @@ async def _chat_events(engine: Engine, events: AsyncIterator[tuple[int, TokenOut
     if body.include_usage:
         usage = usage_of([prompt_ids], choices, body.n)
         yield sse(ChatCompletionChunk(**head, choices=[], usage=usage))
-    yield "data: [DONE]\n\n"
+    yield DONE

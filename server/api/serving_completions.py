@@ -23,7 +23,7 @@ from server.api.params import logit_bias_of, sampling_params
 from server.api.protocol_openai import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
                                         Usage)
 from server.api.seeds import copies_of, seed_for
-from server.api.sse import NOTHING_YET, error_event, sse_response
+from server.api.sse import DONE, NOTHING_YET, error_event, sse_response
 from server.engine import FINISH_ERROR, Engine, TokenOutput
 
 
@@ -126,11 +126,12 @@ async def openai_completion(request: Request, body: CompletionRequest, engine: E
         events = _completion_events(gen.events(request), head, body, prompts, texts, builder, gen)
         return sse_response(events, gen.cancel, openai=True, more_ready=gen.has_ready)
     outs = await gen.collect(request)
-    choices = []
+    choices, returned = [], []
     for i, prompt in enumerate(prompts):
         group = outs[i * copies:(i + 1) * copies]
         if copies > n:  # best_of: the n likeliest, by the sum of their tokens' logprobs, in that order
             group = sorted(group, key=lambda c: -sum(o.logprob for o in tokens_of(c)))[:n]
+        returned += group
         for j, events in enumerate(group):
             echo = texts[i] if body.echo else ""
             tokens = tokens_of(events)
@@ -140,7 +141,7 @@ async def openai_completion(request: Request, body: CompletionRequest, engine: E
                 logprobs = _join(prompt_part, builder.generated(tokens, len(echo)))
             choices.append(CompletionChoice(index=i * n + j, text=echo + "".join(o.text for o in tokens),
                                             logprobs=logprobs, finish_reason=OPENAI_FINISH[events[-1].finish_reason]))
-    usage = usage_of(prompts, outs, copies)
+    usage = usage_of(prompts, outs, copies, returned)
     return JSONResponse(head.model_copy(update={"choices": choices, "usage": usage}).model_dump(mode="json"))
 
 
@@ -177,7 +178,7 @@ async def _completion_events(events: AsyncIterator[tuple[int, TokenOutput]], hea
         generated[k] += out.token_id is not None
         if out.token_id is None and out.finish_reason == FINISH_ERROR:
             yield error_event(out, openai=True)
-            yield "data: [DONE]\n\n"
+            yield DONE
             return
         if body.echo and not echoed[k]:
             echoed[k] = True
@@ -203,4 +204,4 @@ async def _completion_events(events: AsyncIterator[tuple[int, TokenOutput]], hea
     if body.include_usage:
         usage = usage_of(prompts, choices, n)
         yield "data: " + head.model_copy(update={"choices": [], "usage": usage}).model_dump_json() + "\n\n"
-    yield "data: [DONE]\n\n"
+    yield DONE

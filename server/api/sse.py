@@ -14,6 +14,7 @@ from server.engine import TokenOutput
 
 log = logging.getLogger("kvserve.serving")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+DONE = "data: [DONE]\n\n"  # an OpenAI stream's last event, after its last chunk or its error
 NOTHING_YET = ""  # what a stream's generator yields for an event it took but holds (text held back): see `guarded`
 
 
@@ -67,5 +68,7 @@ async def guarded(events: AsyncIterator[str], openai: bool = False,
     except Exception as e:  # noqa: BLE001 - anything here must reach the client as an error event
         log.exception("stream failed")
         joined.append(sse(error_body(500, f"{type(e).__name__}: {e}", "generation", openai)))
+        if openai:  # as after an engine's error: OpenAI's clients read to [DONE]
+            joined.append(DONE)
     if joined:
         yield "".join(joined)

@@ -72,6 +72,8 @@ def test_invalid_json_and_nan_are_422(live):
     ({"prompt": "x", "logit_bias": {"abc": 1}}, 400, "validation", "logit_bias: 'abc' is not a token id"),
     ({"prompt": "x", "logit_bias": {"99999": 1}}, 400, "validation", "logit_bias: '99999' is not a token id"),
     ({"prompt": "x", "logit_bias": {"\u00b2": 1}}, 400, "validation", "logit_bias: '\u00b2' is not a token id"),
+    ({"prompt": "x", "logit_bias": {"--5": 1}}, 400, "validation", "logit_bias: '--5' is not a token id"),
+    ({"prompt": "x", "logit_bias": {"9" * 5000: 1}}, 400, "validation", "is not a token id"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "validation",
      "stream_options is only allowed with stream: true"),
     ({"prompt": "x", "logit_bias": {"3": 101}}, 400, "validation", "Input should be less than or equal to 100"),
@@ -193,7 +195,7 @@ def test_an_engine_error_mid_stream_is_the_last_event_and_the_server_goes_on(liv
     assert [e["index"] for e in events[:-1]] == [1, 2]
     assert events[-1]["error_type"] == "generation" and "sampler exploded" in events[-1]["error"]
     r = httpx.post(live.url + "/generate", json=body, timeout=60)
-    assert r.status_code == 500 and "sampler exploded" in r.json()["error"]
+    assert r.status_code == 424 and "sampler exploded" in r.json()["error"]
     assert httpx.post(live.url + "/generate", json={"inputs": "To be"}, timeout=60).status_code == 200
     assert blocks_free(live.engine)
 

@@ -162,9 +162,10 @@ def test_no_generated_request_gets_a_server_error(live, api_schema, method, path
             case.body["model"] = "tiny"  # else nearly every case stops at 404 before the engine
         response = case.call(base_url=live.url, timeout=60)
         sent = f"{case.method} {case.path} body={case.body!r}"
-        # 504 is a deadline the request itself set (parameters.timeout), reported as such
-        assert response.status_code < 500 or (response.status_code == 504 and
-                                              error_type(response.json()) == "timeout"), \
+        # 504 is a deadline the request itself set (parameters.timeout), reported as such; 424 is TGI's failed
+        # generation, a server fault here as a 500 is
+        assert (response.status_code < 500 and response.status_code != 424) or (
+            response.status_code == 504 and error_type(response.json()) == "timeout"), \
             f"{sent} -> {response.status_code} {response.text[:500]}"
         if "text/event-stream" in str(response.headers.get("content-type")):
             errors = [e for e in sse_events(response.text.splitlines()) if isinstance(e, dict) and "error" in e]

@@ -68,6 +68,8 @@ def test_best_of_returns_the_likeliest_of_its_samples(client):
     out = client.completions.create(prompt=PROMPT, max_tokens=8, n=2, best_of=5, temperature=1.0, seed=3,
                                     logprobs=0, model="tiny")
     assert len(out.choices) == 2
+    # usage counts the returned choices' tokens, not the three samples left out (as vLLM counts them)
+    assert out.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in out.choices)
     totals = [sum(c.logprobs.token_logprobs) for c in out.choices]
     assert totals == sorted(totals, reverse=True)
     every = client.completions.create(prompt=PROMPT, max_tokens=8, n=5, temperature=1.0, seed=3, logprobs=0,

@@ -61,8 +61,11 @@ def test_nan_logits_in_one_row_fail_that_request_only(live, nan_logits_for_seed_
     bodies.insert(2, {"inputs": "To be", "parameters": {**GREEDY, "seed": 17}})  # greedy, marked by its seed
     results = run_together(live, bodies)
     broken = results.pop(2)
-    assert broken.status_code == 500 and broken.json()["error_type"] == "generation"
+    assert broken.status_code == 424 and broken.json()["error_type"] == "generation"  # TGI's GenerationError
     assert "non-finite logits" in broken.json()["error"]
+    openai = httpx.post(live.url + "/v1/completions", timeout=60,  # OpenAI's routes answer it as vLLM does: 500
+                        json={"prompt": "To be", "max_tokens": 4, "temperature": 0, "seed": 17})
+    assert openai.status_code == 500 and openai.json()["error"]["type"] == "server_error"
     assert [r.json()["generated_text"] for r in results] == solo
     with live.client() as c:  # streamed: the first token (from prefill) arrives, then the error event
         events = sse_events(c.post("/generate_stream", json=bodies[2]).iter_lines())
@@ -72,8 +75,8 @@ def test_nan_logits_in_one_row_fail_that_request_only(live, nan_logits_for_seed_
 
 
 def test_a_stream_that_breaks_ends_with_an_error_event_in_its_routes_shape(live, monkeypatch):
-    """An exception while a stream is written (here, encoding an OpenAI chunk) ends it with a last event in
-    OpenAI's error shape on /v1/; the request's blocks come back."""
+    """An exception while a stream is written (here, encoding an OpenAI chunk) ends it with an event in
+    OpenAI's error shape on /v1/, then [DONE], as an engine's error does; the request's blocks come back."""
     from server.api.serving_completions import ChunkEncoder
 
     def broken(self, choice, usage=None):
@@ -84,7 +87,8 @@ def test_a_stream_that_breaks_ends_with_an_error_event_in_its_routes_shape(live,
     with live.client() as c:
         events = [line[5:].strip() for line in c.post("/v1/completions", json=body).iter_lines()
                   if line.startswith("data:")]
-    error = json.loads(events[-1])["error"]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
     assert (error["type"], error["code"]) == ("server_error", "generation") and "injected" in error["message"]
     wait_for(lambda: blocks_free(live.engine) and live.engine.num_running == 0, "the slots to be freed")
 
@@ -123,7 +127,7 @@ def test_out_of_memory_in_one_request_fails_it_alone_and_the_others_match_their_
     bodies = [{"inputs": p, "parameters": GREEDY} for p in prompts] + [
         {"inputs": "x", "parameters": {**GREEDY, "seed": 19, "use_cache": False}}]
     results = run_together(live, bodies)
-    assert results[-1].status_code == 500 and "OutOfMemoryError" in results[-1].json()["error"]
+    assert results[-1].status_code == 424 and "OutOfMemoryError" in results[-1].json()["error"]
     assert [r.json()["generated_text"] for r in results[:-1]] == solo
     wait_for(lambda: blocks_free(live.engine) and live.engine.num_running == 0, "the slots to be freed")
 
