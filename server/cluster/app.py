@@ -97,8 +97,15 @@ class Ingress:
                                       asyncio.get_running_loop(), feeds=settings.feeds)
         self.app_name = serve.get_replica_context().app_name
         self._ready = (0.0, 0)  # (when read, replicas running)
+        self._load_failed: str | None = None  # why the app's load (its warmup call through the handle) failed
         self._reading: asyncio.Future | None = None
         self._read_ready_replicas()
+
+    async def check_health(self) -> None:
+        """Ray Serve's health check: an ingress whose warmup call failed (a replica lost as it started) would
+        answer 503 for good, so Serve restarts it instead, and the new one warms up again."""
+        if self._load_failed is not None:
+            raise RuntimeError(f"the ingress did not load: {self._load_failed}")
 
     def ready_replicas(self) -> int:
         """Replicas of the engine deployment that Serve reports running, as last read; a reading older
@@ -127,9 +134,13 @@ class Ingress:
         s = self.settings
         return create_app(lambda: self.client, model_name=s.model_name or Path(s.checkpoint).name, warmup=s.warmup,
                           limits=s.limits, api_key=s.api_key, cors_origins=s.cors_origins,
-                          shutdown_grace=s.shutdown_grace, health=lambda: {"replicas_ready": self.ready_replicas(),
+                          shutdown_grace=s.shutdown_grace, on_load_failure=self._on_load_failure,
+                          health=lambda: {"replicas_ready": self.ready_replicas(),
                                           "replicas_wanted": s.max_replicas or s.replicas},
                           extra_metrics=lambda: cluster_metrics(self.client, ROUTERS.get(REPLICA_DEPLOYMENT)))
+
+    def _on_load_failure(self, reason: str) -> None:
+        self._load_failed = reason
 
 
 def engine_args_of(s: ClusterSettings) -> EngineArgs:

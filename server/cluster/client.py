@@ -329,13 +329,15 @@ def _refusal(e: BaseException) -> Exception | None:
 
 
 def _error_type(e: BaseException) -> str:
+    """A failure's error_type, where it is no refusal answered as one (a retry refused after the request's
+    first attempt was taken): Serve's full queue is as overloaded as the engine's (a 429, not a 500)."""
     from server.engine import EngineStoppedError, QueueFullError
     if isinstance(e, FeedLost):
         return e.error_type
-    cause = _cause(e)
-    if isinstance(cause, EngineStoppedError):
+    refusal = _refusal(e)
+    if isinstance(refusal, EngineStoppedError):
         return "shutdown"
-    if isinstance(cause, QueueFullError):
+    if isinstance(refusal, QueueFullError):
         return "overloaded"
     return "generation"
 

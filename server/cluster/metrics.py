@@ -28,7 +28,7 @@ def cluster_metrics(client: RayEngineClient, router: Router | None) -> str:
             value = len(r.held_keys) if attr is None else getattr(r, attr)
             lines.append(f'{PREFIX}{name}{{replica="{r.replica_id}"}} {float(value)}')
     name = PREFIX + "router_decisions_total"
-    lines += [f"# HELP {name} Requests routed, by policy and outcome (hit: a cached prefix chose the replica; "
+    lines += [f"# HELP {name} Requests a replica took, by policy and outcome (hit: a cached prefix chose the replica; "
               "miss: none was cached; fallback: the load imbalance chose the least loaded; rebalance: the prefix moved "
               "off a replica whose reused prefixes overflow its cache; redirect: Ray sent it elsewhere; baseline: "
               "pow2 or round-robin).", f"# TYPE {name} counter"]

@@ -39,6 +39,7 @@ class KVCacheRequestRouter(RequestRouter):
         ids = [r.replica_id.unique_id for r in candidates]
         if set(ids) != set(self.router.replicas):
             self.router.set_replicas(ids)
+            self._seen_reports = {rid: t for rid, t in self._seen_reports.items() if rid in ids}
         for r in candidates:
             report = ReplicaReport.from_stats(r.routing_stats)
             rid = r.replica_id.unique_id

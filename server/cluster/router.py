@@ -135,6 +135,19 @@ class ReplicaState:
             count = self.routed_counts[key] = self.routed_counts.get(key, 0) + 1
             self.shared_keys += count == 2
 
+    def unexpect(self, keys: Sequence[int]) -> None:
+        """Undoes one `expect` of these keys: a request counted here that never came (cancelled in Serve's
+        queue, or sent elsewhere)."""
+        for key in keys:
+            count = self.routed_counts.get(key, 0) - 1
+            self.shared_keys -= count == 1
+            if count > 0:
+                self.routed_counts[key] = count
+            else:
+                self.routed_counts.pop(key, None)
+                self.routed_keys.pop(key, None)
+                self.pending.pop(key, None)
+
     def give_up(self, keys: Sequence[int]) -> None:
         """This router stops counting the prompt's own prefix here (it moves to another replica): its keys
         sent here no more often than its deepest one, not the blocks it shares with other prompts (a
@@ -243,36 +256,37 @@ class Router:
                         len(keys), keys, source)
 
     def routed(self, decision: Decision, replica_id: str) -> None:
-        """The request of `decision` was sent to `replica_id` (Ray may pick another when the chosen one is
-        full or gone: then it counts as a 'redirect')."""
+        """The request of `decision` is on its way to `replica_id` (Ray may pick another when the chosen one
+        is full or gone): counted in flight there, its keys expected there."""
         now = self._clock()
         with self._lock:
-            self._turn += 1
+            self._turn += replica_id == decision.replica_id  # a redirect is the same request, not another turn
             state = self.replicas.get(replica_id)
             if state is not None:
                 state.inflight += 1
                 state.expect(decision.keys, now)
-            outcome = decision.outcome if replica_id == decision.replica_id else "redirect"
-            self.decisions[(self.policy, outcome)] += 1
         self._expire(now)
 
     def arrived(self, decision: Decision, replica_id: str) -> None:
-        """The replica chosen took the request: a rebalanced prefix leaves its old replica now (not when
-        routed: a call cancelled in Serve's queue, or sent elsewhere, moves nothing)."""
+        """A replica took the request: its decision is counted (a 'redirect' where Ray sent it elsewhere than
+        chosen), and a rebalanced prefix leaves its old replica (not when routed: a call cancelled in Serve's
+        queue, or sent elsewhere, moves nothing and counts nowhere, so the counts only ever grow)."""
         with self._lock:
+            outcome = decision.outcome if replica_id == decision.replica_id else "redirect"
+            self.decisions[(self.policy, outcome)] += 1
             source = self.replicas.get(decision.moved_from or "")
             if source is not None and replica_id == decision.replica_id:
                 source.give_up(decision.keys)
 
-    def unrouted(self, decision: Decision) -> None:
-        """Undoes `routed` for a request that never reached the replica it was counted on (cancelled in
-        Serve's queue, or moved to another)."""
+    def unrouted(self, decision: Decision, replica_id: str | None = None) -> None:
+        """Undoes `routed` for a request that never reached the replica it was counted on (`replica_id`, the
+        chosen one unless given): cancelled in Serve's queue, or moved to another."""
         with self._lock:
-            self._finished(decision.replica_id)
-            key = (self.policy, decision.outcome)
-            self.decisions[key] -= 1
-            if self.decisions[key] <= 0:
-                del self.decisions[key]
+            replica_id = replica_id or decision.replica_id
+            self._finished(replica_id)
+            state = self.replicas.get(replica_id)
+            if state is not None:
+                state.unexpect(decision.keys)
 
     # ---- a call between its decision and a replica taking it (Ray Serve's queue, refusals) ----------
 

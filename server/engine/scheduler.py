@@ -90,10 +90,22 @@ class Scheduler:
         """Queues requests, all or none. The queue holds up to `max_waiting` requests beyond the running
         places still free (a new request waits for the next step even when one is free)."""
         with self._lock:
-            if len(self.waiting) + len(reqs) > self.max_waiting + max(0, self.max_num_seqs - len(self.running)):
+            if not self._has_room(len(reqs)):
                 raise QueueFullError(f"the waiting queue is full (max {self.max_waiting} requests waiting, "
                                      f"{len(self.running)} running; --max-waiting); retry later")
             self.waiting.extend(reqs)
+
+    def _has_room(self, new: int) -> bool:
+        """Room for `new` more requests; a request cancelled but not yet carried out (the next step does, before
+        it admits any) holds no place: a replica's next request may come the moment a cancelled one ended."""
+        waiting, running = len(self.waiting), len(self.running)
+        if waiting + new <= self.max_waiting + max(0, self.max_num_seqs - running):
+            return True
+        if not self._aborts:
+            return False
+        waiting -= sum(r.request_id in self._aborts for r in self.waiting)
+        running -= sum(r.request_id in self._aborts for r in self.running)
+        return waiting + new <= self.max_waiting + max(0, self.max_num_seqs - running)
 
     def abort(self, request_id: str) -> None:
         with self._lock:

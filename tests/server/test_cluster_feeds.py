@@ -254,40 +254,45 @@ class _Handles:
         return self.by_method.setdefault(method_name, _Handle())
 
 
+async def _retried_after_its_feed_broke(checkpoint, got: list):
+    """A call the replica took onto its feed, whose feed broke before any of its events came: (the client,
+    its broken feed, the retry's call)."""
+    from server.cluster.client import RayEngineClient
+    from server.engine import EngineArgs
+    handles = _Handles()
+    client = RayEngineClient(handles, EngineArgs(checkpoint=checkpoint), lambda: None, asyncio.get_running_loop())
+    params = SamplingParams(max_new_tokens=2, temperature=0)
+    first = client.submit(PROMPT, params, lambda out: None, request_id="first")
+    await asyncio.sleep(0)
+    call = handles.by_method["generate"].calls[0]
+    call.items.put_nowait(Taken("r0", None))  # no feed there yet: the ingress opens one
+    call.items.put_nowait([_event(first, 1, last=True)])
+    call.items.put_nowait(StopAsyncIteration())
+    await asyncio.sleep(0.01)
+    (feed,) = handles.by_method["feed"].calls
+    feed.items.put_nowait([])  # attached
+    client.submit(PROMPT, params, got.append, request_id="second")
+    await asyncio.sleep(0)
+    call = handles.by_method["generate"].calls[1]
+    call.items.put_nowait(Taken("r0", feed.request.feed_id))
+    await asyncio.sleep(0.01)
+    feed.items.put_nowait(ConnectionError("stream broke"))
+    await asyncio.sleep(0.01)
+    assert call.cancelled and got == []
+    for _ in range(100):  # the retry's backoff
+        await asyncio.sleep(0.02)
+        if len(handles.by_method["generate"].calls) == 3:
+            break
+    return client, feed, handles.by_method["generate"].calls[2]
+
+
 def test_a_call_whose_feed_broke_before_its_first_event_is_sent_again_naming_the_broken_feed(tiny_checkpoint):
     """The replica took the call onto its feed, and the feed broke before any of its events came: the call
     is sent again with request ids of its own and names the broken feed (a replica still holding it closes
     it); the second attempt's events reach the request under its own id."""
-    from server.cluster.client import RayEngineClient
-    from server.engine import EngineArgs
-
     async def scenario():
-        handles, got = _Handles(), []
-        client = RayEngineClient(handles, EngineArgs(checkpoint=tiny_checkpoint), lambda: None,
-                                 asyncio.get_running_loop())
-        params = SamplingParams(max_new_tokens=2, temperature=0)
-        first = client.submit(PROMPT, params, lambda out: None, request_id="first")
-        await asyncio.sleep(0)
-        call = handles.by_method["generate"].calls[0]
-        call.items.put_nowait(Taken("r0", None))  # no feed there yet: the ingress opens one
-        call.items.put_nowait([_event(first, 1, last=True)])
-        call.items.put_nowait(StopAsyncIteration())
-        await asyncio.sleep(0.01)
-        (feed,) = handles.by_method["feed"].calls
-        feed.items.put_nowait([])  # attached
-        client.submit(PROMPT, params, got.append, request_id="second")
-        await asyncio.sleep(0)
-        call = handles.by_method["generate"].calls[1]
-        call.items.put_nowait(Taken("r0", feed.request.feed_id))
-        await asyncio.sleep(0.01)
-        feed.items.put_nowait(ConnectionError("stream broke"))
-        await asyncio.sleep(0.01)
-        assert call.cancelled and got == []
-        for _ in range(100):  # the retry's backoff
-            await asyncio.sleep(0.02)
-            if len(handles.by_method["generate"].calls) == 3:
-                break
-        again = handles.by_method["generate"].calls[2]
+        got = []
+        client, feed, again = await _retried_after_its_feed_broke(tiny_checkpoint, got)
         again.items.put_nowait(Taken("r0", None))
         again.items.put_nowait([_event("second~1", 1), _event("second~1", 2, last=True)])
         again.items.put_nowait(StopAsyncIteration())
@@ -300,3 +305,17 @@ def test_a_call_whose_feed_broke_before_its_first_event_is_sent_again_naming_the
     assert [(e.request_id, e.index) for e in got] == [("second", 1), ("second", 2)] and got[-1].finished
 
 
+def test_a_retry_refused_for_a_full_serve_queue_ends_its_request_as_overloaded_not_as_failed(tiny_checkpoint):
+    """The first attempt was taken, so the request is answered already: Serve's full queue refusing the retry
+    ends it with an 'overloaded' error (a 429 for a request not streamed), as the engine's full queue would."""
+    from ray.serve.exceptions import BackPressureError
+
+    async def scenario():
+        got = []
+        _, _, again = await _retried_after_its_feed_broke(tiny_checkpoint, got)
+        again.items.put_nowait(BackPressureError(num_queued_requests=4, max_queued_requests=4))
+        await asyncio.sleep(0.05)
+        return got
+
+    (last,) = asyncio.run(scenario())
+    assert last.finished and (last.finish_reason, last.error_type) == ("error", "overloaded"), last

@@ -188,17 +188,29 @@ def test_a_restarted_replica_loses_its_believed_cache_and_an_excluded_one_is_ski
 
 
 def test_a_request_that_never_reached_its_replica_is_uncounted_and_a_redirect_moves_it():
-    router = _router("kv", n=2)
-    decision = router.choose(_prompt(3, 0))
-    assert router.replicas[decision.replica_id].inflight == 1 and router.decisions[("kv", "miss")] == 1
+    """As Ray Serve drives it: decided and routed (in flight there, its prefix expected there), then taken by
+    a replica (`arrived`: the decision counts) or not. One that never arrives leaves no trace: neither a
+    count, which would then have to go down (a Prometheus counter), nor a prefix its replica never computed."""
+    router = _router("kv", n=2, clock=lambda: 100.0)
+    prompt = _prompt(3, 0)
+    decision = router.decide(prompt)
+    router.routed(decision, decision.replica_id)
+    chosen = router.replicas[decision.replica_id]
+    assert chosen.inflight == 1 and chosen.matched(decision.keys, 100.0, 30.0) == len(decision.keys) > 0
+    assert not router.decisions  # counted once a replica takes it
     router.unrouted(decision)  # cancelled in Serve's queue
     assert all(s.inflight == 0 for s in router.replicas.values()) and not router.decisions
-    decision = router.choose(_prompt(3, 1))
+    assert chosen.matched(decision.keys, 100.0, 30.0) == 0 and not chosen.routed_counts and chosen.shared_keys == 0
+    decision = router.decide(prompt)
     other = next(rid for rid in router.replicas if rid != decision.replica_id)
+    router.routed(decision, decision.replica_id)
     router.unrouted(decision)  # Serve sent it to the other replica
     router.routed(decision, other)
+    router.arrived(decision, other)
     assert (router.replicas[other].inflight, router.replicas[decision.replica_id].inflight) == (1, 0)
     assert dict(router.decisions) == {("kv", "redirect"): 1}
+    assert router.replicas[other].matched(decision.keys, 100.0, 30.0) == len(decision.keys)
+    assert router.replicas[decision.replica_id].matched(decision.keys, 100.0, 30.0) == 0
     router.finished(other)
     assert router.replicas[other].inflight == 0
     # a call held between its decision and a replica taking it: released at its end unless taken

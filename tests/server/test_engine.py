@@ -186,6 +186,23 @@ def test_queue_limit_refuses_at_once(tiny_model, tiny_tokenizer):
         eng.submit([1, 2], GREEDY, lambda o: None)
 
 
+def test_a_cancelled_request_gives_its_place_at_once_not_at_the_next_step(tiny_model, tiny_tokenizer):
+    """Ray Serve sends a replica its next request as soon as a cancelled call there ends: the engine has not
+    stepped yet, and the cancelled request must not make it refuse (a 429 behind a queue with room)."""
+    eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=1, max_waiting=1, threads=1)
+    running = eng.submit([1, 2], SamplingParams(max_new_tokens=50, temperature=0), lambda o: None)
+    eng.step()
+    waiting = eng.submit([1, 2], GREEDY, lambda o: None)
+    eng.abort(waiting)  # not carried out until the next step
+    eng.submit([1, 2], GREEDY, lambda o: None)
+    with pytest.raises(QueueFullError, match="max 1"):  # the places of those not cancelled still count
+        eng.submit([1, 2], GREEDY, lambda o: None)
+    eng.abort(running)
+    eng.submit([1, 2], GREEDY, lambda o: None)
+    eng.step()
+    assert eng.num_running == 1 and eng.num_waiting == 1
+
+
 def test_prompt_beyond_the_context_or_the_cache_is_refused(engine, tiny_model, tiny_tokenizer):
     with pytest.raises(PromptError, match="exceeds the context of 128"):
         engine.submit([1] * 100, SamplingParams(max_new_tokens=29), lambda o: None)
