@@ -73,4 +73,6 @@ class APIError(Exception):
         """A generation that ended in error: 504 for its deadline, 503 for a shutdown, else 500 (424 on TGI's
         routes: `tgi_status`)."""
         error_type = error_type or "generation"
-        return cls(ERROR_STATUS.get(error_type, 500), message or "generation failed", error_type)
+        status = ERROR_STATUS.get(error_type, 500)
+        return cls(status, message or "generation failed", error_type,
+                   headers={"Retry-After": "1"} if status == 429 else None)

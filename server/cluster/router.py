@@ -85,6 +85,7 @@ class Decision:
     prompt_blocks: int  # full blocks in the prompt
     keys: list[int] = field(repr=False, default_factory=list)  # the prompt's block keys
     moved_from: str | None = None  # rebalance: the replica the prefix leaves
+    routed_at: float = 0.0  # when `routed` counted it on its replica (the router's clock)
 
 
 class ReplicaState:
@@ -212,14 +213,16 @@ class Router:
     def report(self, report: ReplicaReport) -> None:
         state = self.replicas.get(report.replica_id)
         if state is not None:
-            state.apply(report)
+            with self._lock:  # `unrouted` changes the same maps, from the ingress's thread behind Serve's proxy
+                state.apply(report)
 
     def forget_cache(self, replica_id: str) -> None:
         """A replica restarted: whatever it cached is gone."""
         state = self.replicas.get(replica_id)
         if state is not None:
-            state.held, state.pending, state.routed_keys, state.routed_counts = set(), {}, {}, {}
-            state.shared_keys = 0
+            with self._lock:
+                state.held, state.pending, state.routed_keys, state.routed_counts = set(), {}, {}, {}
+                state.shared_keys = 0
 
     # ---- routing ----------------------------------------------------------------------------------
 
@@ -261,6 +264,7 @@ class Router:
         now = self._clock()
         with self._lock:
             self._turn += replica_id == decision.replica_id  # a redirect is the same request, not another turn
+            decision.routed_at = now
             state = self.replicas.get(replica_id)
             if state is not None:
                 state.inflight += 1
@@ -278,14 +282,14 @@ class Router:
             if source is not None and replica_id == decision.replica_id:
                 source.give_up(decision.keys)
 
-    def unrouted(self, decision: Decision, replica_id: str | None = None) -> None:
-        """Undoes `routed` for a request that never reached the replica it was counted on (`replica_id`, the
-        chosen one unless given): cancelled in Serve's queue, or moved to another."""
+    def unrouted(self, decision: Decision) -> None:
+        """Undoes `routed` for a request that never reached the replica it was counted on (cancelled in
+        Serve's queue, or moved to another). Its keys' counts there are taken back unless they have expired
+        since (then what counts them now is newer requests)."""
         with self._lock:
-            replica_id = replica_id or decision.replica_id
-            self._finished(replica_id)
-            state = self.replicas.get(replica_id)
-            if state is not None:
+            self._finished(decision.replica_id)
+            state = self.replicas.get(decision.replica_id)
+            if state is not None and self._clock() - decision.routed_at <= self.pending_ttl:
                 state.unexpect(decision.keys)
 
     # ---- a call between its decision and a replica taking it (Ray Serve's queue, refusals) ----------
@@ -356,8 +360,8 @@ class Router:
             self._last_expiry = now
             with self._lock:
                 self._released = {c: t for c, t in self._released.items() if now - t <= self.pending_ttl}
-            for state in self.replicas.values():
-                state.expire(now, self.pending_ttl)
+                for state in self.replicas.values():
+                    state.expire(now, self.pending_ttl)
 
 
 def report_from(replica_id: str, blocks: BlockManager, running: int, waiting: int, **counters) -> ReplicaReport:

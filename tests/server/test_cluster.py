@@ -355,7 +355,7 @@ def test_a_client_that_leaves_as_its_request_is_taken_leaves_the_feed_it_opened_
                       timeout=120, trust_env=False) as first:
         next(line for line in first.iter_lines() if line.startswith("data:"))
         first.close()  # the client leaves
-    time.sleep(0.5)  # the feed attaches
+    time.sleep(1.0)  # the feed attaches (it would end after FEED_IDLE_S with no request on it)
     events = _stream(url, "/generate_stream", {"inputs": tenant + " B", "parameters": params | {"details": True}})
     assert "error" not in events[-1] and events[-1]["details"]["generated_tokens"] == 300, events[-1]
     assert _requests_by_stream(url)["feed"] - before["feed"] == 1, "the second request did not ride the feed"

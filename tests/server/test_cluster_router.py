@@ -187,6 +187,24 @@ def test_a_restarted_replica_loses_its_believed_cache_and_an_excluded_one_is_ski
         router.choose(_prompt(8, 1), exclude=["r0", "r1"])
 
 
+def test_a_call_taken_back_after_its_counts_expired_leaves_a_newer_requests_counts_alone():
+    """A call that waited in Serve's queue past the pending TTL: its keys' counts have expired, and a newer
+    request with the same prefix counts them now; cancelling the old call takes nothing from the new one."""
+    now = [0.0]
+    router = _router("kv", n=1, clock=lambda: now[0])
+    old = router.decide(_prompt(3, 0))
+    router.routed(old, old.replica_id)
+    router.hold("old", old)
+    now[0] = router.pending_ttl + 5
+    other = router.decide(_prompt(4, 0))
+    router.routed(other, other.replica_id)  # a routing: the old call's counts expire
+    new = router.decide(_prompt(3, 1))
+    router.routed(new, new.replica_id)
+    router.release("old")  # cancelled in Serve's queue at last
+    state = router.replicas[new.replica_id]
+    assert state.inflight == 2 and state.matched(new.keys, now[0], router.pending_ttl) == len(new.keys) > 0
+
+
 def test_a_request_that_never_reached_its_replica_is_uncounted_and_a_redirect_moves_it():
     """As Ray Serve drives it: decided and routed (in flight there, its prefix expected there), then taken by
     a replica (`arrived`: the decision counts) or not. One that never arrives leaves no trace: neither a
