@@ -85,9 +85,17 @@ def resolve_seed(seed: int | None) -> int:
 
 
 def copy_seed(seed: int, copy: int) -> int:
-    """The seed of copy `copy` of a request (OpenAI's n, best_of): `copy` splitmix steps from the first's,
-    so n copies sample n different sequences, and the same n again for the same seed."""
-    return (seed + copy * SPLITMIX_GAMMA) % 2**SEED_BITS
+    """The seed of copy `copy` of a request (OpenAI's n, best_of): splitmix64's output for (seed, copy), so n
+    copies sample n different sequences, and the same n again for the same seed. (`copy` plain steps from
+    the first's seed would start copy c on the first copy's own draws, shifted by c tokens: the draws of a
+    seed are splitmix steps along the same sequence.)"""
+    return _splitmix64((seed + copy * SPLITMIX_GAMMA) % 2**64) % 2**SEED_BITS if copy else seed
+
+
+def _splitmix64(z: int) -> int:
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB % 2**64
+    return z ^ (z >> 31)
 
 
 def uniform_draws(seeds: np.ndarray, indices: np.ndarray) -> np.ndarray:

@@ -147,6 +147,14 @@ def usage_error(ap: argparse.ArgumentParser, message: str) -> int:
     return EXIT_USAGE
 
 
+def configure_logging(level: str) -> None:
+    """The root logger at --log-level; 'trace' is uvicorn's level below debug, which logging knows only once
+    uvicorn configured its own loggers (later than this): named here, so that it is not an unknown level."""
+    from uvicorn.logging import TRACE_LOG_LEVEL
+    logging.addLevelName(TRACE_LOG_LEVEL, "TRACE")
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 def check_args(args: argparse.Namespace) -> tuple[str, str] | None:
     """The flags, and the checkpoint's files without loading the weights (config.json, the weights file's
     header): (kind, message) for the first problem, kind 'usage' (a flag) or 'startup' (the checkpoint)."""
@@ -214,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     from server.api.app import GracefulServer, create_app
     from server.engine import Engine, EngineArgs
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     device = resolve_device(args.device)
     try:
         config = engine_config_from(args)

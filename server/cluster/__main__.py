@@ -15,10 +15,12 @@ import sys
 import threading
 from pathlib import Path
 
-from server.__main__ import EXIT_STARTUP, _at_least, check_args, engine_config_from, limits_from, usage_error
+from server.__main__ import (EXIT_STARTUP, _at_least, check_args, configure_logging, engine_config_from, limits_from,
+                             usage_error)
 from server.__main__ import parse_args as parse_server_args
 from server.cluster.router import DEFAULT_IMBALANCE_THRESHOLD, POLICIES
 
+DEFAULT_REPLICAS = 2
 CLUSTER_STREAM_INTERVAL_MS = 5.0  # least time between a replica engine's wake-ups of its loop (why: BENCHMARKS.md)
 CLUSTER_ENGINE_NICENESS = 4  # Ray starts its workers at nice 15: the replicas' compute at 19 (BENCHMARKS.md 16)
 
@@ -28,8 +30,8 @@ def cluster_parser() -> argparse.ArgumentParser:
                                  description="Serve a checkpoint from replicas on Ray Serve (engine and limit flags "
                                              "as `python -m server --help` lists them, per replica).")
     ap.add_argument("--help", "-h", action="store_true")
-    ap.add_argument("--replicas", type=_at_least(int, 0), default=2, help="engine replicas (the initial number "
-                    "with autoscaling)")
+    ap.add_argument("--replicas", type=_at_least(int, 0), default=None, help="engine replicas (default 2; with "
+                    "autoscaling the initial number, by default 2 held within --min-replicas and --max-replicas)")
     ap.add_argument("--router", choices=POLICIES, default="kv",
                     help="kv: the replica holding the longest cached prefix, unless too loaded; pow2: Ray Serve's "
                          "power of two choices; round-robin")
@@ -71,6 +73,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         setattr(args, key, value)
     if args.min_replicas is not None and args.max_replicas is None:
         ap.error("--min-replicas needs --max-replicas")
+    if args.max_replicas is None:
+        args.replicas = DEFAULT_REPLICAS if args.replicas is None else args.replicas
+        return args
+    low = 1 if args.min_replicas is None else args.min_replicas  # Serve's own default
+    if low > args.max_replicas:
+        ap.error(f"--min-replicas ({low}) is above --max-replicas ({args.max_replicas})")
+    if args.replicas is None:
+        args.replicas = min(max(DEFAULT_REPLICAS, low), args.max_replicas)
+    elif not low <= args.replicas <= args.max_replicas:
+        ap.error(f"--replicas ({args.replicas}), the initial number, must lie within --min-replicas ({low}) and "
+                 f"--max-replicas ({args.max_replicas})")
     return args
 
 
@@ -98,7 +111,7 @@ def _spare_port(host: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     problem = check_args(args)  # the flags and the checkpoint, as `python -m server` checks them, before Ray starts
     if problem is not None:
         kind, message = problem
@@ -134,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    serve.shutdown()
+    if os.environ.get("RAY_ADDRESS"):  # a cluster we joined: its other applications, and Serve, stay
+        serve.delete("kvserve")
+    else:
+        serve.shutdown()
     ray.shutdown()
     return 0
 

@@ -8,7 +8,8 @@ import torch
 
 from model.generate import generate
 from model.sampling import (Penalties, SamplingBatch, SamplingParams, apply_repetition_penalty, bias_rows,
-                            filter_top_k_top_p, pick_by_inverse_cdf, sample, top_logprobs, uniform_draws)
+                            copy_seed, filter_top_k_top_p, pick_by_inverse_cdf, sample, top_logprobs,
+                            uniform_draws)
 from model.text import StopMatcher
 
 M64 = 2**64 - 1
@@ -27,6 +28,18 @@ def test_draws_are_splitmix64_of_seed_and_index_in_the_unit_interval():
     draws = uniform_draws(np.array(seeds, dtype=np.uint64), np.array(indices, dtype=np.uint64))
     assert draws.tolist() == [splitmix64_reference(s, i) for s, i in zip(seeds, indices)]
     assert ((0 <= draws) & (draws < 1)).all()
+
+
+def test_the_copies_of_a_request_draw_from_streams_of_their_own():
+    """n / best_of copies: no copy's draws are another's shifted by a few tokens (a copy's seed a plain step
+    along the first's sequence of draws made copy c draw token i with the first copy's draw for token i + c)."""
+    tokens = np.arange(64, dtype=np.uint64)
+    for seed in range(100):
+        streams = [uniform_draws(np.full(64, copy_seed(seed, c), dtype=np.uint64), tokens) for c in range(4)]
+        assert copy_seed(seed, 0) == seed
+        for a in range(4):
+            for b in range(a + 1, 4):
+                assert not set(streams[a].tolist()) & set(streams[b].tolist()), (seed, a, b)
 
 
 def batch_of(params, seeds=None, indices=None, penalties=None):

@@ -80,3 +80,21 @@ def test_the_ngram_history_flag_reaches_the_engine_config_and_zero_turns_it_off(
     assert engine_config_from(parse_args(["--ngram-history", "24"])).ngram_history == 24
     with pytest.raises(SystemExit):
         parse_args(["--ngram-history", "-1"])
+
+
+def test_a_device_torch_does_not_know_exits_2_with_a_message(capsys):
+    """`--device gpu` is a usage error (one line, exit 2), not torch's traceback."""
+    assert main(["--device", "gpu"]) == 2
+    assert "unknown device 'gpu'" in capsys.readouterr().err
+
+
+def test_log_level_trace_starts_as_the_help_says(tmp_path):
+    """'trace' (uvicorn's level below debug) is one of --log-level's choices; naming it to `logging` before
+    uvicorn has configured its loggers raised ValueError. Run as a process: pytest's own logging handlers
+    would hide it in this one. The cluster's command configures logging before it checks the checkpoint."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "server.cluster", "--checkpoint", str(tmp_path / "missing"),
+                           "--log-level", "trace"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "not a complete checkpoint" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr

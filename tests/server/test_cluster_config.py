@@ -20,11 +20,13 @@ def test_the_serve_config_files_deploy_the_same_application_with_autoscaling_fro
     import yaml
     from pathlib import Path
     from server.cluster.app import app_builder, argv_of, replica_options
+    from ray.serve.schema import ServeDeploySchema
     from server.cluster.__main__ import parse_args, settings_from
     root = Path(__file__).resolve().parents[2]
     for name in ("serve_config.yaml", "rayservice.yaml"):
         doc = yaml.safe_load((root / "docs/cluster" / name).read_text())
         config = yaml.safe_load(doc["spec"]["serveConfigV2"]) if "spec" in doc else doc
+        ServeDeploySchema.model_validate(config)  # as `serve run` / `serve deploy` / KubeRay read it
         (app,) = config["applications"]
         assert app["import_path"] == "server.cluster.app:app_builder"
         args = parse_args([f"--{k.replace('_', '-')}={v}" for k, v in app["args"].items()])
@@ -50,6 +52,20 @@ def test_the_serve_config_files_deploy_the_same_application_with_autoscaling_fro
                                           "cors_origin": ["http://x", "http://y"], "max_replicas": None,
                                           "speculative": "ngram", "serve_proxy": False})))
     assert (s.model_name, s.cors_origins, s.max_replicas) == (["a", "b"], ("http://x", "http://y"), None)
+
+
+def test_autoscaling_flags_that_serve_would_refuse_are_refused_before_ray_starts(capsys):
+    """Serve wants min ≤ initial ≤ max: the initial number defaults to 2 held within the bounds, and a
+    --replicas or --min-replicas outside them is a usage error, not a traceback once Ray has started."""
+    from server.cluster.__main__ import parse_args
+    assert parse_args([]).replicas == 2 and parse_args(["--replicas", "5"]).replicas == 5
+    assert parse_args(["--max-replicas", "1"]).replicas == 1
+    assert parse_args(["--min-replicas", "3", "--max-replicas", "8"]).replicas == 3
+    for argv, message in ((["--replicas", "9", "--max-replicas", "8"], "must lie within"),
+                          (["--min-replicas", "5", "--max-replicas", "4"], "is above --max-replicas")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert message in capsys.readouterr().err
 
 
 def test_the_cli_forwards_the_engine_flags_and_checks_them_before_ray_starts(checkpoint, capsys):
