@@ -160,9 +160,20 @@ def app_builder(args: dict):
     their long names (`checkpoint`, `replicas`, `router`, `kv_cache_memory`...): true for a switch, a list
     for a flag given several values (`served_model_name`) or given several times (`cors_origin`), null for
     the default. The flags of how HTTP comes in (`host`, `port`, `serve_proxy`, `ray_num_cpus`) do nothing
-    here: the config's `http_options` and the cluster decide."""
+    here: the config's `http_options` and the cluster decide. The flags and the checkpoint are checked as the
+    command checks them; a problem is a ValueError whose message says it, which Serve reports as the
+    deployment's failure."""
+    from server.__main__ import check_args
     from server.cluster.__main__ import parse_args, settings_from
-    return build_app(settings_from(parse_args(argv_of(args))))
+    argv = argv_of(args)
+    try:
+        parsed = parse_args(argv)
+    except SystemExit:  # argparse printed why on this process's stderr; the config's reader sees this
+        raise ValueError(f"the config's args are not flags of python -m server.cluster: {' '.join(argv)}") from None
+    problem = check_args(parsed)
+    if problem is not None:
+        raise ValueError(problem[1])
+    return build_app(settings_from(parsed))
 
 
 def argv_of(args: dict) -> list[str]:

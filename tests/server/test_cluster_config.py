@@ -16,7 +16,7 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-def test_the_serve_config_files_deploy_the_same_application_with_autoscaling_from_flags(tmp_path):
+def test_the_serve_config_files_deploy_the_same_application_with_autoscaling_from_flags(tmp_path, checkpoint):
     import yaml
     from pathlib import Path
     from server.cluster.app import app_builder, argv_of, replica_options
@@ -46,7 +46,12 @@ def test_the_serve_config_files_deploy_the_same_application_with_autoscaling_fro
     assert not no_feeds.feeds and replica_options(no_feeds)["max_ongoing_requests"] == engine_places
     pow2 = replica_options(settings_from(parse_args(["--router", "pow2"])))["request_router_config"]
     assert pow2.request_router_kwargs["policy"] == "pow2"  # our class, for the feeds; the choice is Serve's
-    assert app_builder({"checkpoint": str(tmp_path), "replicas": 2}) is not None
+    assert app_builder({"checkpoint": str(checkpoint), "replicas": 2}) is not None
+    # the config's args checked as the command checks its flags, each problem a ValueError that says it
+    with pytest.raises(ValueError, match="not a complete checkpoint"):
+        app_builder({"checkpoint": str(tmp_path), "replicas": 2})
+    with pytest.raises(ValueError, match="not flags of python -m server.cluster: --no-such-flag 1"):
+        app_builder({"no_such_flag": 1})
     # a config's lists, nulls and switches as the command line takes them
     s = settings_from(parse_args(argv_of({"checkpoint": str(tmp_path), "served_model_name": ["a", "b"],
                                           "cors_origin": ["http://x", "http://y"], "max_replicas": None,
