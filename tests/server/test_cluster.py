@@ -7,7 +7,6 @@ import json
 import os
 import random
 import signal
-import socket
 import threading
 import time
 from collections import Counter
@@ -22,15 +21,10 @@ from bench.tiny_checkpoint import main as make_tiny_checkpoint  # noqa: E402
 from server.cluster.app import ClusterSettings, build_app  # noqa: E402
 from server.cluster.env import direct_ingress_env, own_ray_env  # noqa: E402
 from server.engine import EngineConfig  # noqa: E402
+from tests.server.cluster_ports import free_port, free_ports, wait_routes  # noqa: E402
 from tests.server.conftest import serve as serve_single, wait_healthy  # noqa: E402
 
 NUM_BLOCKS = 160  # per replica: a 1024-token sequence needs 64 blocks of 16
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -40,34 +34,6 @@ def checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("cluster") / "tiny1024"
     make_tiny_checkpoint([str(path), "--context", "1024"])
     return path
-
-
-def _free_ports(count: int) -> int:
-    """A port p with p + 1 ... p + count - 1 also free (the apps' ingress replicas listen on them)."""
-    for _ in range(50):
-        p = _free_port()
-        try:
-            for k in range(1, count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p + k))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError(f"no {count} consecutive free ports")
-
-
-def _wait_routes(port: int, timeout: float) -> dict:
-    """The application an ingress replica serves (Serve's `/-/routes` on its own port): {prefix: app}."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            r = httpx.get(f"http://127.0.0.1:{port}/-/routes", timeout=5, trust_env=False)
-            if r.status_code == 200:
-                return r.json()
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"no ingress answered on port {port} in {timeout} s")
 
 
 APPS = (  # name, router, replicas, Ray CPUs per replica, engine limits
@@ -83,12 +49,12 @@ def cluster(checkpoint):
     """Three apps on one local Ray, as `python -m server.cluster` runs it (Serve's direct ingress: each
     app's ingress replica serves HTTP on its own port): `kv` at /, `round-robin` at /rr, two replicas
     each, and `small` at /small, one replica that holds one request. Yields their base URLs by name."""
-    first = _free_ports(len(APPS))
+    first = free_ports(len(APPS))
     env = {**own_ray_env(), **direct_ingress_env(first, ports=len(APPS))}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # ray.init hands it to the Ray processes it starts
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": _free_port()})
+    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
     for name, router, replicas, cpus, limits in APPS:
         settings = ClusterSettings(checkpoint=checkpoint, replicas=replicas, router=router, replica_cpus=cpus,
                                    engine=EngineConfig(threads=1, num_blocks=NUM_BLOCKS, **limits), model_name="tiny",
@@ -96,7 +62,7 @@ def cluster(checkpoint):
         serve.run(build_app(settings), name=name, route_prefix="/" if name == "kv" else f"/{name}", blocking=False)
     urls = {}
     for port in range(first, first + len(APPS)):
-        ((prefix, name),) = _wait_routes(port, 240).items()
+        ((prefix, name),) = wait_routes(port, 240).items()
         urls[name] = f"http://127.0.0.1:{port}" + ("" if prefix == "/" else prefix)
     for url in urls.values():
         wait_healthy(url, 240)
