@@ -42,12 +42,17 @@ def _summary(run: dict) -> dict:
     misses = [1000 * r["ttft_s"] for r in ok if r["cached_tokens"] == 0]
     return {"label": run["label"], "ok": run["requests_ok"], "failed": run["requests_failed"],
             "hit_rate": run["prefix_cache_hit_rate"], "tokens_per_s": run["output_tokens_per_s"],
-            "ttft_p50_ms": 1000 * run["ttft_s"]["p50"], "ttft_p99_ms": 1000 * run["ttft_s"]["p99"],
-            "ttft_mean_ms": 1000 * run["ttft_s"]["mean"], "ttft_p90_ms": 1000 * run["ttft_s"]["p90"],
-            "itl_p50_ms": 1000 * run["itl_s"]["p50"], "itl_p99_ms": 1000 * run["itl_s"]["p99"],
+            "ttft_p50_ms": _in_ms(run["ttft_s"]["p50"]), "ttft_p99_ms": _in_ms(run["ttft_s"]["p99"]),
+            "ttft_mean_ms": _in_ms(run["ttft_s"]["mean"]), "ttft_p90_ms": _in_ms(run["ttft_s"]["p90"]),
+            "itl_p50_ms": _in_ms(run["itl_s"]["p50"]), "itl_p99_ms": _in_ms(run["itl_s"]["p99"]),
             "requests_hitting": len(hits) / len(ok) if ok else 0.0,
             "ttft_hit_p50_ms": statistics.median(hits) if hits else None,
             "ttft_miss_p50_ms": statistics.median(misses) if misses else None}
+
+
+def _in_ms(seconds: float | None) -> float | None:
+    """None for a run with no request to measure (all failed): recorded as such, not a crash of the rounds."""
+    return None if seconds is None else 1000 * seconds
 
 
 def _median_of(values: list) -> float | None:
@@ -184,10 +189,11 @@ def main(argv: list[str] | None = None) -> int:
             results[name].append([r | {"load_1min": load} for r in runs])
             for r in runs:
                 print(f"round {rnd} {name} {r['label']}: hit {r['hit_rate']:.3f}  {r['tokens_per_s']:.0f} tok/s  "
-                      f"TTFT p50 {r['ttft_p50_ms']:.1f} mean {r['ttft_mean_ms']:.1f} ms (p50 of the "
+                      f"TTFT p50 {_ms(r['ttft_p50_ms'])} mean {_ms(r['ttft_mean_ms'])} ms (p50 of the "
                       f"{r['requests_hitting']:.0%} hitting {_ms(r['ttft_hit_p50_ms'])}, of the rest "
                       f"{_ms(r['ttft_miss_p50_ms'])})  "
-                      f"ITL p50 {r['itl_p50_ms']:.2f} ms  ok {r['ok']}  load {load:.1f}", flush=True)
+                      f"ITL p50 {'-' if r['itl_p50_ms'] is None else format(r['itl_p50_ms'], '.2f')} ms  "
+                      f"ok {r['ok']}  load {load:.1f}", flush=True)
                 if r.get("routing_counts"):
                     print("   " + "  ".join(f"{k}={v:g}" for k, v in r["routing_counts"].items()), flush=True)
     medians = {name: [{key: _median_of([rnd[i][key] for rnd in rounds]) for key in rounds[0][i]

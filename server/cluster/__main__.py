@@ -8,6 +8,7 @@ HTTP API as `python -m server`. Starts a local Ray (`ray.init`) or joins the clu
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import signal
@@ -109,6 +110,22 @@ def _spare_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+async def _stop(grace: float, joined: bool) -> None:
+    """The ingress drains first, as `python -m server` does (503 for new requests, those in flight finish:
+    its `begin_shutdown`, through the app's handle), then our application goes: Serve and all, or on a
+    cluster we joined our application alone. On one event loop: Serve's throughput-optimized handles are
+    used from one, and shut down on it."""
+    from ray import serve
+    try:
+        await asyncio.wait_for(serve.get_app_handle("kvserve").begin_shutdown.remote(), grace + 10)
+    except Exception as e:  # noqa: BLE001 - Serve stops it anyway, with its own graceful wait
+        logging.getLogger("kvserve.cluster").warning("the ingress did not drain: %r", e)
+    if joined:  # its other applications, and Serve, stay
+        serve.delete("kvserve")
+    else:
+        await serve.shutdown_async()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.log_level)
@@ -147,10 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    if os.environ.get("RAY_ADDRESS"):  # a cluster we joined: its other applications, and Serve, stay
-        serve.delete("kvserve")
-    else:
-        serve.shutdown()
+    asyncio.run(_stop(settings.shutdown_grace, joined=bool(os.environ.get("RAY_ADDRESS"))))
     ray.shutdown()
     return 0
 

@@ -98,8 +98,21 @@ class Ingress:
         self.app_name = serve.get_replica_context().app_name
         self._ready = (0.0, 0)  # (when read, replicas running)
         self._load_failed: str | None = None  # why the app's load (its warmup call through the handle) failed
+        self._asgi = None  # the app Serve serves, once built
         self._reading: asyncio.Future | None = None
         self._read_ready_replicas()
+
+    async def begin_shutdown(self) -> None:
+        """`python -m server.cluster`'s SIGTERM, through the app's handle, before Serve stops: from now on
+        /health and new requests answer 503, and this returns once the requests in flight have ended (each
+        within --shutdown-grace, as `python -m server` drains)."""
+        state = self._asgi.state.kvserve if self._asgi is not None else None
+        if state is None:
+            return
+        state.begin_shutdown()
+        deadline = time.monotonic() + self.settings.shutdown_grace + 1.0
+        while self.client.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
     async def check_health(self) -> None:
         """Ray Serve's health check: an ingress whose warmup call failed (a replica lost as it started) would
@@ -132,12 +145,13 @@ class Ingress:
     def __serve_build_asgi_app__(self):
         from server.api.app import create_app
         s = self.settings
-        return create_app(lambda: self.client, model_name=s.model_name or Path(s.checkpoint).name, warmup=s.warmup,
+        self._asgi = create_app(lambda: self.client, model_name=s.model_name or Path(s.checkpoint).name, warmup=s.warmup,
                           limits=s.limits, api_key=s.api_key, cors_origins=s.cors_origins,
                           shutdown_grace=s.shutdown_grace, on_load_failure=self._on_load_failure,
                           health=lambda: {"replicas_ready": self.ready_replicas(),
                                           "replicas_wanted": s.max_replicas or s.replicas},
                           extra_metrics=lambda: cluster_metrics(self.client, ROUTERS.get(REPLICA_DEPLOYMENT)))
+        return self._asgi
 
     def _on_load_failure(self, reason: str) -> None:
         self._load_failed = reason

@@ -34,7 +34,7 @@ from model.sampling import SamplingParams
 from server.cluster.feeds import Feeds, Followed, cancel_call, wire_id
 from server.cluster.protocol import FeedEnded, Submission, Taken
 from server.cluster.router import ReplicaReport, Router
-from server.engine import FINISH_ABORT, FINISH_ERROR, EngineArgs, EngineInfo
+from server.engine import FINISH_ABORT, FINISH_ERROR, EngineArgs, EngineInfo, EngineStoppedError
 from server.engine.step_stats import StepStatsSnapshot, merged
 
 log = logging.getLogger("kvserve.cluster")
@@ -62,6 +62,7 @@ class RayEngineClient:
         self._calls: dict[str, asyncio.Task] = {}  # request id -> the call carrying it (copies share one)
         # request id -> done once a replica took it; its exception, if refused
         self._admissions: dict[str, asyncio.Future] = {}
+        self._stopping = False  # draining: new requests are refused
 
     @property
     def context_length(self) -> int:
@@ -81,6 +82,7 @@ class RayEngineClient:
     def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[TokenOutput], None], *,
                use_cache: bool = True, request_id: str | None = None, cache_salt: str | None = None,
                speculative: bool = True) -> str:
+        self._check_admitting()
         check_prompt(prompt_ids, params.max_new_tokens, self.context_length, self.model_config.vocab_size)
         rid = request_id or f"cl-{uuid.uuid4().hex}"
         self._start(Submission([rid], list(prompt_ids), [params], use_cache, cache_salt, speculative), [sink])
@@ -88,6 +90,7 @@ class RayEngineClient:
 
     def submit_copies(self, prompt_ids: list[int], params: list[SamplingParams], sinks: list,
                       *, use_cache: bool = True, cache_salt: str | None = None, speculative: bool = True) -> list[str]:
+        self._check_admitting()
         for p in params:
             check_prompt(prompt_ids, p.max_new_tokens, self.context_length, self.model_config.vocab_size)
         base = uuid.uuid4().hex
@@ -159,8 +162,19 @@ class RayEngineClient:
                 pass
         asyncio.run_coroutine_threadsafe(call(), self.loop).result()
 
+    @property
+    def in_flight(self) -> int:
+        """Calls to the replicas not ended."""
+        return len(self._calls)
+
+    def _check_admitting(self) -> None:
+        if self._stopping:  # as the local engine refuses once it drains (a 503)
+            raise EngineStoppedError("the server is shutting down and takes no new requests")
+
     def drain(self, grace: float) -> None:
-        """Requests in flight get `grace` seconds (the replicas' own drain runs when Serve stops them)."""
+        """No new requests; those in flight get `grace` seconds (the replicas' own drain runs when Serve stops
+        them)."""
+        self._stopping = True
         deadline = time.monotonic() + grace
         while self._calls and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -385,3 +385,33 @@ def test_a_killed_replica_ends_its_streams_with_an_error_new_requests_succeed_an
         time.sleep(1)
     assert victim not in pids.values() and len(pids) == 2, f"Ray did not bring the replica back: {pids}"
     assert health["replicas_ready"] == 2, health
+
+
+def test_the_ingress_drains_before_serve_stops_as_the_command_asks_it_to(cluster):
+    """`python -m server.cluster`'s SIGTERM calls the ingress's `begin_shutdown` through the app's handle
+    before Serve stops: /health and new requests answer 503 at once, and a stream in flight runs to its end
+    before the call returns. (Last: the app stays shut.)"""
+    url, started, finals = cluster["small"], threading.Event(), []
+    body = {"inputs": "KING: a tale", "parameters": {"max_new_tokens": 300, "ignore_eos": True, "speculative": False}}
+
+    def run() -> None:
+        last = None
+        with httpx.stream("POST", url + "/generate_stream", json=body, timeout=120, trust_env=False) as r:
+            for line in (line for line in r.iter_lines() if line.startswith("data:")):
+                last = json.loads(line[5:])
+                started.set()
+        finals.append(last)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert started.wait(60), "the stream did not start"
+    drained = serve.get_app_handle("small").begin_shutdown.remote()
+    deadline = time.monotonic() + 10
+    while httpx.get(url + "/health", timeout=10, trust_env=False).status_code != 503:
+        assert time.monotonic() < deadline, "/health did not turn to 503"
+        time.sleep(0.05)
+    refused = httpx.post(url + "/generate", json={"inputs": "x"}, timeout=30, trust_env=False)
+    assert refused.status_code == 503 and refused.json()["error_type"] == "unavailable", refused.text
+    drained.result(timeout_s=60)
+    thread.join(60)
+    assert "error" not in finals[0] and finals[0]["details"]["generated_tokens"] == 300, finals[0]
