@@ -145,12 +145,12 @@ class Ingress:
     def __serve_build_asgi_app__(self):
         from server.api.app import create_app
         s = self.settings
-        self._asgi = create_app(lambda: self.client, model_name=s.model_name or Path(s.checkpoint).name, warmup=s.warmup,
-                          limits=s.limits, api_key=s.api_key, cors_origins=s.cors_origins,
-                          shutdown_grace=s.shutdown_grace, on_load_failure=self._on_load_failure,
-                          health=lambda: {"replicas_ready": self.ready_replicas(),
-                                          "replicas_wanted": s.max_replicas or s.replicas},
-                          extra_metrics=lambda: cluster_metrics(self.client, ROUTERS.get(REPLICA_DEPLOYMENT)))
+        self._asgi = create_app(
+            lambda: self.client, model_name=s.model_name or Path(s.checkpoint).name, warmup=s.warmup,
+            limits=s.limits, api_key=s.api_key, cors_origins=s.cors_origins, shutdown_grace=s.shutdown_grace,
+            on_load_failure=self._on_load_failure,
+            health=lambda: {"replicas_ready": self.ready_replicas(), "replicas_wanted": s.max_replicas or s.replicas},
+            extra_metrics=lambda: cluster_metrics(self.client, ROUTERS.get(REPLICA_DEPLOYMENT)))
         return self._asgi
 
     def _on_load_failure(self, reason: str) -> None:

@@ -21,7 +21,8 @@ from bench.tiny_checkpoint import main as make_tiny_checkpoint  # noqa: E402
 from server.cluster.app import ClusterSettings, build_app  # noqa: E402
 from server.cluster.env import direct_ingress_env, own_ray_env  # noqa: E402
 from server.engine import EngineConfig  # noqa: E402
-from tests.server.cluster_ports import free_port, free_ports, wait_routes  # noqa: E402
+from tests.server.cluster_http import (free_port, free_ports, metric, post, replica_pids,  # noqa: E402
+                                        requests_by_stream, stream, wait_routes)
 from tests.server.conftest import serve as serve_single, wait_healthy  # noqa: E402
 
 NUM_BLOCKS = 160  # per replica: a 1024-token sequence needs 64 blocks of 16
@@ -83,37 +84,21 @@ def single(checkpoint):
     server.stop()
 
 
-def _post(url: str, path: str, body: dict) -> dict:
-    r = httpx.post(url + path, json=body, timeout=120, trust_env=False)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def _stream(url: str, path: str, body: dict) -> list[dict]:
-    events = []
-    with httpx.stream("POST", url + path, json=body, timeout=120, trust_env=False) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                events.append(json.loads(line[5:]))
-    return events
-
-
 def test_two_replicas_answer_what_a_single_server_answers_streamed_and_not(cluster, single):
     cluster = cluster["kv"]
     body = {"inputs": "ROMEO: the quick brown", "parameters": {"max_new_tokens": 24, "details": True,
                                                                 "decoder_input_details": True}}
-    one, many = _post(single, "/generate", body), _post(cluster, "/generate", body)
+    one, many = post(single, "/generate", body), post(cluster, "/generate", body)
     assert many["generated_text"] == one["generated_text"]
     assert [t["logprob"] for t in many["details"]["tokens"]] == [t["logprob"] for t in one["details"]["tokens"]]
-    streamed = _stream(cluster, "/generate_stream", {**body, "parameters": {"max_new_tokens": 24}})
+    streamed = stream(cluster, "/generate_stream", {**body, "parameters": {"max_new_tokens": 24}})
     assert [e["token"]["id"] for e in streamed] == [t["id"] for t in one["details"]["tokens"]]
     assert [e["token"]["logprob"] for e in streamed] == [t["logprob"] for t in one["details"]["tokens"]]
     completion = {"prompt": "JULIET: what light", "max_tokens": 16, "temperature": 0, "logprobs": 2}
-    a, b = _post(single, "/v1/completions", completion), _post(cluster, "/v1/completions", completion)
+    a, b = post(single, "/v1/completions", completion), post(cluster, "/v1/completions", completion)
     assert b["choices"][0]["text"] == a["choices"][0]["text"]
     assert b["choices"][0]["logprobs"] == a["choices"][0]["logprobs"]
-    chunks = _stream(cluster, "/v1/completions", completion | {"stream": True})
+    chunks = stream(cluster, "/v1/completions", completion | {"stream": True})
     assert "".join(c["choices"][0]["text"] for c in chunks if c.get("choices")) == a["choices"][0]["text"]
     # copies that do not fit one replica's KV cache: refused by the replica's own check, as the single
     # server refuses them (400 on OpenAI's routes, the request's own field named), not a failed generation
@@ -123,30 +108,24 @@ def test_two_replicas_answer_what_a_single_server_answers_streamed_and_not(clust
     assert "max_tokens" in b.json()["error"]["message"] and "KV-cache blocks" in b.json()["error"]["message"]
 
 
-def _requests_by_stream(url: str) -> dict[str, float]:
-    text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
-    return {stream: float(line.rsplit(" ", 1)[1]) for stream in ("feed", "call") for line in text.splitlines()
-            if line.startswith(f'kvserve:cluster_requests_total{{stream="{stream}"}}')}
-
-
 def test_requests_ride_their_replicas_feed_once_open_and_stream_again_after_it_ended_for_idleness(cluster, single):
     """A replica's feed (every event of this ingress's requests there, one item a step) opens at the first
     request there and carries the next ones; it ends once no request has been on it for FEED_IDLE_S, and
     the next request there comes on its own call and opens it again. The tokens are the same either way."""
     from server.cluster.replica import FEED_IDLE_S
     body = {"inputs": "JULIET: wherefore art", "parameters": {"max_new_tokens": 12, "details": True}}
-    one = [t["id"] for t in _post(single, "/generate", body)["details"]["tokens"]]
+    one = [t["id"] for t in post(single, "/generate", body)["details"]["tokens"]]
     time.sleep(FEED_IDLE_S + 1.5)  # the feeds the earlier tests opened have ended
-    before = _requests_by_stream(cluster["kv"])
+    before = requests_by_stream(cluster["kv"])
     for _ in range(4):  # on two replicas, the kv router sends the repeats where the first went
-        assert [t["id"] for t in _post(cluster["kv"], "/generate", body)["details"]["tokens"]] == one
+        assert [t["id"] for t in post(cluster["kv"], "/generate", body)["details"]["tokens"]] == one
         time.sleep(0.3)  # its feed attaches
-    during = _requests_by_stream(cluster["kv"])
+    during = requests_by_stream(cluster["kv"])
     assert during["call"] - before["call"] >= 1 and during["feed"] - before["feed"] >= 2
     time.sleep(FEED_IDLE_S + 1.5)
-    streamed = _stream(cluster["kv"], "/generate_stream", body)
+    streamed = stream(cluster["kv"], "/generate_stream", body)
     assert [e["token"]["id"] for e in streamed] == one
-    assert _requests_by_stream(cluster["kv"])["call"] == during["call"] + 1
+    assert requests_by_stream(cluster["kv"])["call"] == during["call"] + 1
 
 
 def _tenant_runs(url: str, seed: int) -> list[tuple[int, int]]:
@@ -158,7 +137,7 @@ def _tenant_runs(url: str, seed: int) -> list[tuple[int, int]]:
     rng.shuffle(order)
     seen, runs = set(), []
     for i, t in enumerate(order):
-        out = _post(url, "/generate", {"inputs": f"{prefixes[t]} question {i}:",
+        out = post(url, "/generate", {"inputs": f"{prefixes[t]} question {i}:",
                                        "parameters": {"max_new_tokens": 2, "details": True}})
         runs.append((t, out["details"]["cached_tokens"], t in seen))
         seen.add(t)
@@ -175,20 +154,13 @@ def test_kv_routing_sends_every_repeat_to_the_replica_that_computed_it_and_round
     assert 'kvserve:router_decisions_total{policy="kv",outcome="hit"}' in metrics
     deadline = time.monotonic() + 20  # the replicas' counters, summed, as their next reports bring them
     hits = sum(cached for _, cached, _ in kv)
-    while _metric(cluster, "kvserve:prefix_cache_hits_total") < hits and time.monotonic() < deadline:
+    while metric(cluster, "kvserve:prefix_cache_hits_total") < hits and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _metric(cluster, "kvserve:prefix_cache_hits_total") >= hits
+    assert metric(cluster, "kvserve:prefix_cache_hits_total") >= hits
     # the replicas' step histograms, summed likewise: every request took a step of its own or more
-    while _metric(cluster, "kvserve:step_duration_seconds_count") < len(kv) and time.monotonic() < deadline:
+    while metric(cluster, "kvserve:step_duration_seconds_count") < len(kv) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _metric(cluster, "kvserve:step_duration_seconds_count") >= len(kv)
-
-
-def _metric(url: str, name: str) -> float:
-    for line in httpx.get(url + "/metrics", timeout=10, trust_env=False).text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    assert metric(cluster, "kvserve:step_duration_seconds_count") >= len(kv)
 
 
 def test_kv_routing_falls_back_to_the_least_loaded_replica_past_the_imbalance_threshold(cluster):
@@ -196,12 +168,12 @@ def test_kv_routing_falls_back_to_the_least_loaded_replica_past_the_imbalance_th
     holding it, the router sends the next to the other replica, which has never seen the prefix."""
     url = cluster["kv"]
     prefix = " ".join(["lantern harbour"] * 60) + " fallback"
-    _post(url, "/generate", {"inputs": prefix + " 0", "parameters": {"max_new_tokens": 2}})  # one replica caches it
-    before = _metric(url, 'kvserve:router_decisions_total{policy="kv",outcome="fallback"}')
+    post(url, "/generate", {"inputs": prefix + " 0", "parameters": {"max_new_tokens": 2}})  # one replica caches it
+    before = metric(url, 'kvserve:router_decisions_total{policy="kv",outcome="fallback"}')
     cached: list[int] = []
 
     def run(i: int) -> None:
-        out = _post(url, "/generate", {"inputs": f"{prefix} {i}", "parameters": {
+        out = post(url, "/generate", {"inputs": f"{prefix} {i}", "parameters": {
             "max_new_tokens": 300, "ignore_eos": True, "details": True, "speculative": False}})
         cached.append(out["details"]["cached_tokens"])
 
@@ -211,7 +183,7 @@ def test_kv_routing_falls_back_to_the_least_loaded_replica_past_the_imbalance_th
     for t in threads:
         t.join(120)
     assert len(cached) == 8, cached
-    assert _metric(url, 'kvserve:router_decisions_total{policy="kv",outcome="fallback"}') > before
+    assert metric(url, 'kvserve:router_decisions_total{policy="kv",outcome="fallback"}') > before
     assert any(c > 0 for c in cached), f"no request went to the replica caching the prefix: {cached}"
     assert any(c == 0 for c in cached), f"every request went to the replica caching the prefix: {cached}"
 
@@ -258,7 +230,7 @@ def test_a_full_replica_answers_429_as_a_single_server_does(cluster):
         stop.set()
         for t in busy:
             t.join(120)
-    assert _post(url, "/generate", {"inputs": "afterwards", "parameters": {"max_new_tokens": 2}})["generated_text"]
+    assert post(url, "/generate", {"inputs": "afterwards", "parameters": {"max_new_tokens": 2}})["generated_text"]
 
 
 def test_a_request_no_replica_takes_ends_at_its_deadline_and_the_router_counts_nothing_left_in_flight(cluster):
@@ -316,30 +288,21 @@ def test_a_client_that_leaves_as_its_request_is_taken_leaves_the_feed_it_opened_
     tenant = "NURSE: " + "the tale of the day " * 6  # full blocks: the second request goes where the first went
     params = {"max_new_tokens": 300, "ignore_eos": True, "speculative": False}
     time.sleep(FEED_IDLE_S + 1.5)  # the earlier tests' feeds have ended: the first request below opens one
-    before = _requests_by_stream(url)
+    before = requests_by_stream(url)
     with httpx.stream("POST", url + "/generate_stream", json={"inputs": tenant + " A", "parameters": params},
                       timeout=120, trust_env=False) as first:
         next(line for line in first.iter_lines() if line.startswith("data:"))
         first.close()  # the client leaves
     time.sleep(1.0)  # the feed attaches (it would end after FEED_IDLE_S with no request on it)
-    events = _stream(url, "/generate_stream", {"inputs": tenant + " B", "parameters": params | {"details": True}})
+    events = stream(url, "/generate_stream", {"inputs": tenant + " B", "parameters": params | {"details": True}})
     assert "error" not in events[-1] and events[-1]["details"]["generated_tokens"] == 300, events[-1]
-    assert _requests_by_stream(url)["feed"] - before["feed"] == 1, "the second request did not ride the feed"
-
-
-def _replica_pids(url: str) -> dict[str, int]:
-    text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
-    pids = {}
-    for line in text.splitlines():
-        if line.startswith("kvserve:replica_pid{"):
-            pids[line.split('"')[1]] = int(float(line.rsplit(" ", 1)[1]))
-    return pids
+    assert requests_by_stream(url)["feed"] - before["feed"] == 1, "the second request did not ride the feed"
 
 
 def test_a_killed_replica_ends_its_streams_with_an_error_new_requests_succeed_and_ray_restarts_it(cluster):
     cluster = cluster["kv"]
     deadline = time.monotonic() + 30
-    while len(pids := _replica_pids(cluster)) < 2 and time.monotonic() < deadline:
+    while len(pids := replica_pids(cluster)) < 2 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert len(pids) == 2, pids
     victim = sorted(pids.values())[0]
@@ -375,10 +338,10 @@ def test_a_killed_replica_ends_its_streams_with_an_error_new_requests_succeed_an
     assert all("replica" in e["error"] for e in errors), errors
     assert len(errors) + len(done) == 4, finals
     for k in range(3):  # new requests succeed (Ray retries those it had sent to the dead replica)
-        _post(cluster, "/generate", {"inputs": f"after the kill {k}", "parameters": {"max_new_tokens": 4}})
+        post(cluster, "/generate", {"inputs": f"after the kill {k}", "parameters": {"max_new_tokens": 4}})
     deadline = time.monotonic() + 180  # a new replica loads the model and warms up
     while time.monotonic() < deadline:
-        pids = _replica_pids(cluster)
+        pids = replica_pids(cluster)
         health = httpx.get(cluster + "/health", timeout=10, trust_env=False).json()
         if len(pids) == 2 and victim not in pids.values() and health.get("replicas_ready") == 2:
             break
