@@ -206,9 +206,10 @@ class Feeds:
             log.log(logging.WARNING if attached else logging.INFO, "feed from replica %s ended: %s", state.replica,
                     why)
             self.feeds_failed += 1
-            loop = asyncio.get_running_loop()
-            self._not_before[state.replica] = loop.time() + FEED_RETRY_S
-            self._dead[state.feed_id] = loop.time()
+            now = asyncio.get_running_loop().time()
+            self._not_before = {r: t for r, t in self._not_before.items() if t > now}  # the replicas still held off
+            self._not_before[state.replica] = now + FEED_RETRY_S
+            self._dead[state.feed_id] = now
             while len(self._dead) > DEAD_FEEDS_KEPT:
                 self._dead.popitem(last=False)
         finally:

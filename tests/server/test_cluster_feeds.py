@@ -319,3 +319,21 @@ def test_a_retry_refused_for_a_full_serve_queue_ends_its_request_as_overloaded_n
 
     (last,) = asyncio.run(scenario())
     assert last.finished and (last.finish_reason, last.error_type) == ("error", "overloaded"), last
+
+
+def test_a_replicas_hold_off_after_a_failed_feed_is_forgotten_once_past(monkeypatch):
+    """A replica whose feed failed gets no new one for FEED_RETRY_S; after that nothing of it is kept (with
+    autoscaling, replicas come and go for as long as the ingress lives)."""
+    monkeypatch.setattr("server.cluster.feeds.FEED_RETRY_S", 0.01)
+
+    async def scenario():
+        handle = _Handle()
+        feeds = Feeds(handle, "ing")
+        for replica in ("r0", "r1"):
+            feeds.open(replica)
+            await asyncio.sleep(0)
+            handle.calls[-1].items.put_nowait(ConnectionError("replica gone"))
+            await asyncio.sleep(0.03)
+        return set(feeds._not_before)
+
+    assert asyncio.run(scenario()) == {"r1"}
