@@ -11,7 +11,7 @@ CHECKPOINT ?= checkpoints/shakespeare-small
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install install-test install-browser serve generate test bench
+.PHONY: install install-test install-browser serve generate lint format test bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,19 @@ install-browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
 	  echo "chromium not installed: the browser test will be skipped"; }
 
-test: install-test install-browser
+# ruff (lint and format) over the Python, clang-format over the C++ kernels; `make format` fixes both.
+CSRC := $(wildcard model/kernels/csrc/*.cpp model/kernels/csrc/*.h)
+lint: install-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/clang-format --dry-run --Werror $(CSRC)
+
+format: install-test
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+	$(BIN)/clang-format -i $(CSRC)
+
+test: lint install-browser
 	$(BIN)/python -m pytest -q
 
 bench: install-test

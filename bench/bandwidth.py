@@ -7,14 +7,23 @@ that bandwidth. Then times the decode step back to back (--steps per sample, con
 and 32), with each kernel set asked for in turns, and gives the batch-1 step's share of that bound
 and each step's GFLOP/s (2 per weight per row: the products only).
 """
+
 from __future__ import annotations
 
 import time
 
 import torch
 
-from bench.common import (base_parser, interleaved_medians, kernel_sets, machine_info, resolve, stock_threads,
-                          synchronize, write_result)
+from bench.common import (
+    base_parser,
+    interleaved_medians,
+    kernel_sets,
+    machine_info,
+    resolve,
+    stock_threads,
+    synchronize,
+    write_result,
+)
 from model.checkpoint import load_model
 from model.gpt import GPT
 from model.kv_cache import PagedKVCache, StepBatch, resolve_kv_cache_dtype
@@ -52,7 +61,7 @@ def step_bytes(model: GPT) -> int:
 def step_flops(model: GPT, batch: int) -> float:
     """Multiply-adds of a step's products, times 2: (layers' weights + the head) per row."""
     c = model.config
-    per_row = c.n_layer * 12 * c.n_embd ** 2 + c.n_embd * c.vocab_size
+    per_row = c.n_layer * 12 * c.n_embd**2 + c.n_embd * c.vocab_size
     return 2.0 * per_row * batch
 
 
@@ -60,16 +69,19 @@ def decode_steps(model: GPT, batch: int, steps: int = STEPS_PER_SAMPLE, cache_dt
     """A function that runs `steps` decode steps of `batch` sequences at STEP_CONTEXT, each
     over its own blocks (scattered through the cache, as a busy server leaves them)."""
     blocks_each = STEP_CONTEXT // BLOCK_SIZE
-    cache = PagedKVCache(model.config, batch * blocks_each + 1, BLOCK_SIZE, dtype=cache_dtype or model.dtype,
-                         device=model.device)
+    cache = PagedKVCache(
+        model.config, batch * blocks_each + 1, BLOCK_SIZE, dtype=cache_dtype or model.dtype, device=model.device
+    )
     tables = [[1 + b + batch * i for i in range(blocks_each)] for b in range(batch)]  # interleaved
     tokens = torch.randint(0, model.config.vocab_size, (batch,), generator=torch.Generator().manual_seed(batch))
-    step = StepBatch.build([([int(t)], STEP_CONTEXT - 1, table) for t, table in zip(tokens, tables)], BLOCK_SIZE,
-                           model.device)
+    step = StepBatch.build(
+        [([int(t)], STEP_CONTEXT - 1, table) for t, table in zip(tokens, tables)], BLOCK_SIZE, model.device
+    )
 
     def run():
         for _ in range(steps):
             model.compute_logits(model.forward_step(step, cache))
+
     return run
 
 
@@ -79,22 +91,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=STEPS_PER_SAMPLE, help="decode steps per timed sample")
     ap.add_argument("--repeats", type=int, default=7, help="timed samples per batch size (the median is kept)")
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 8, 32])
-    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                    help="the KV cache's dtype, as the server's flag of that name")
+    ap.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="the KV cache's dtype, as the server's flag of that name",
+    )
     args = ap.parse_args(argv)
     device, dtype = resolve(args)
     cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, dtype)
     with stock_threads("stock"):  # torch's sum on every core, as the kernels' pool reads
         gbps = read_bandwidth(device, 0.25 if args.quick else 1.0, 3 if args.quick else 9)
-    models = {name: load_model(args.checkpoint, device=device, dtype=dtype, kernels=name,
-                               quantization=args.quantization if name == "exact" else None)
-              for name in kernel_sets(args, device, dtype)}
+    models = {
+        name: load_model(
+            args.checkpoint,
+            device=device,
+            dtype=dtype,
+            kernels=name,
+            quantization=args.quantization if name == "exact" else None,
+        )
+        for name in kernel_sets(args, device, dtype)
+    }
     model = next(iter(models.values()))
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     read_bytes = step_bytes(model)
     bound_ms = read_bytes / (gbps * 1e9) * 1e3
-    print(f"read bandwidth {gbps:.1f} GB/s; one batch-1 step reads {read_bytes / 1e6:.1f} MB "
-          f"(parameters {weight_bytes / 1e6:.1f} MB, quantization {args.quantization}); bound {bound_ms:.2f} ms/token")
+    print(
+        f"read bandwidth {gbps:.1f} GB/s; one batch-1 step reads {read_bytes / 1e6:.1f} MB "
+        f"(parameters {weight_bytes / 1e6:.1f} MB, quantization {args.quantization}); bound {bound_ms:.2f} ms/token"
+    )
     steps = []
     per_sample = args.steps
     for batch in (1,) if args.quick else args.batches:
@@ -104,23 +129,45 @@ def main(argv: list[str] | None = None) -> int:
             def call():
                 with stock_threads(name):
                     run()
+
             return call
 
         repeats = 3 if args.quick else args.repeats
         times = interleaved_medians({n: timed(n, r) for n, r in runs.items()}, device, repeats)
         ms = {name: t["median_s"] / per_sample * 1e3 for name, t in times.items()}
         gflops = {name: step_flops(model, batch) / (v * 1e-3) / 1e9 for name, v in ms.items()}
-        steps.append({"batch": batch, "context": STEP_CONTEXT, "step_ms": ms, "gflop_per_s": gflops,
-                      "samples_ms": {n: [s / per_sample * 1e3 for s in t["samples_s"]] for n, t in times.items()}})
-        print(f"decode step, batch {batch}, context {STEP_CONTEXT}, back to back: "
-              + ", ".join(f"{name} {v:.2f} ms ({gflops[name]:.0f} GFLOP/s)" for name, v in ms.items()), flush=True)
+        steps.append(
+            {
+                "batch": batch,
+                "context": STEP_CONTEXT,
+                "step_ms": ms,
+                "gflop_per_s": gflops,
+                "samples_ms": {n: [s / per_sample * 1e3 for s in t["samples_s"]] for n, t in times.items()},
+            }
+        )
+        print(
+            f"decode step, batch {batch}, context {STEP_CONTEXT}, back to back: "
+            + ", ".join(f"{name} {v:.2f} ms ({gflops[name]:.0f} GFLOP/s)" for name, v in ms.items()),
+            flush=True,
+        )
     share = {name: bound_ms / v for name, v in steps[0]["step_ms"].items()}
     print("batch-1 step at " + ", ".join(f"{name} {v:.0%}" for name, v in share.items()) + " of the bandwidth bound")
-    write_result(args.name, {"benchmark": "bandwidth", "machine": machine_info(device, dtype),
-                               "read_gb_per_s": gbps, "weight_bytes": weight_bytes, "step_bytes": read_bytes,
-                               "quantization": args.quantization, "kv_cache_dtype": str(cache_dtype),
-                               "batch1_bound_ms": bound_ms, "decode_steps": steps,
-                               "batch1_share_of_bound": share}, args.out)
+    write_result(
+        args.name,
+        {
+            "benchmark": "bandwidth",
+            "machine": machine_info(device, dtype),
+            "read_gb_per_s": gbps,
+            "weight_bytes": weight_bytes,
+            "step_bytes": read_bytes,
+            "quantization": args.quantization,
+            "kv_cache_dtype": str(cache_dtype),
+            "batch1_bound_ms": bound_ms,
+            "decode_steps": steps,
+            "batch1_share_of_bound": share,
+        },
+        args.out,
+    )
     return 0
 
 

@@ -6,11 +6,20 @@ engine's `use_cache: false`). Then the total time to generate from a 32-token pr
 greedy. Timings are taken in turns (cached, uncached, cached, ...) in the same run; medians of the
 repeats are reported, with the largest |cached - uncached| logit difference (0 with the exact kernels).
 """
+
 from __future__ import annotations
 
 import torch
 
-from bench.common import base_parser, interleaved_medians, kernel_sets, machine_info, resolve, stock_threads, write_result
+from bench.common import (
+    base_parser,
+    interleaved_medians,
+    kernel_sets,
+    machine_info,
+    resolve,
+    stock_threads,
+    write_result,
+)
 from model.checkpoint import load_model
 from model.generate import decode_one_token, prefill, recompute, sequence_cache
 from model.gpt import GPT
@@ -43,8 +52,15 @@ def decode_step_latency(model: GPT, context: int, batch: int, repeats: int) -> d
     diff = (cached() - uncached()).abs().max().item()
     times = interleaved_medians({"cached": cached, "uncached": uncached}, device, repeats, warmup=2)
     ms = {name: t["median_s"] * 1e3 for name, t in times.items()}
-    return {"context": context, "batch": batch, "cached_ms": ms["cached"], "uncached_ms": ms["uncached"],
-            "uncached_over_cached": ms["uncached"] / ms["cached"], "max_abs_logit_diff": diff, "samples_s": times}
+    return {
+        "context": context,
+        "batch": batch,
+        "cached_ms": ms["cached"],
+        "uncached_ms": ms["uncached"],
+        "uncached_over_cached": ms["uncached"] / ms["cached"],
+        "max_abs_logit_diff": diff,
+        "samples_s": times,
+    }
 
 
 def generate_cached(model: GPT, prompt: list[int], new_tokens: int) -> list[int]:
@@ -64,21 +80,31 @@ def generate_uncached(model: GPT, prompt: list[int], new_tokens: int) -> list[in
     ids = list(prompt)
     for _ in range(new_tokens):
         ids.append(int(recompute(model, cache, ids, blocks).argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 def generation_total(model: GPT, new_tokens: int, repeats: int) -> dict:
     prompt = torch.randint(0, model.config.vocab_size, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(0))
     prompt = prompt.tolist()
     same = generate_cached(model, prompt, new_tokens) == generate_uncached(model, prompt, new_tokens)
-    fns = {"cached": lambda: generate_cached(model, prompt, new_tokens),
-           "uncached": lambda: generate_uncached(model, prompt, new_tokens)}
+    fns = {
+        "cached": lambda: generate_cached(model, prompt, new_tokens),
+        "uncached": lambda: generate_uncached(model, prompt, new_tokens),
+    }
     times = interleaved_medians(fns, model.device, repeats, warmup=1)
     cached_s, uncached_s = times["cached"]["median_s"], times["uncached"]["median_s"]
-    return {"prompt_tokens": PROMPT_TOKENS, "new_tokens": new_tokens, "batch": 1, "cached_s": cached_s,
-            "uncached_s": uncached_s, "cached_tokens_per_s": new_tokens / cached_s,
-            "uncached_tokens_per_s": new_tokens / uncached_s, "uncached_over_cached": uncached_s / cached_s,
-            "same_greedy_tokens": same, "samples_s": times}
+    return {
+        "prompt_tokens": PROMPT_TOKENS,
+        "new_tokens": new_tokens,
+        "batch": 1,
+        "cached_s": cached_s,
+        "uncached_s": uncached_s,
+        "cached_tokens_per_s": new_tokens / cached_s,
+        "uncached_tokens_per_s": new_tokens / uncached_s,
+        "uncached_over_cached": uncached_s / cached_s,
+        "same_greedy_tokens": same,
+        "samples_s": times,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,17 +126,32 @@ def main(argv: list[str] | None = None) -> int:
             for batch in (int(b) for b in args.batches.split(",")):
                 for context in contexts:
                     row = decode_step_latency(model, context, batch, repeats)
-                    print(f"{name}: batch {batch:2d} context {context:4d}: cached {row['cached_ms']:.2f} ms, "
-                          f"uncached {row['uncached_ms']:.2f} ms, uncached/cached {row['uncached_over_cached']:.1f}x, "
-                          f"max |diff| {row['max_abs_logit_diff']:.2g}", flush=True)
+                    print(
+                        f"{name}: batch {batch:2d} context {context:4d}: cached {row['cached_ms']:.2f} ms, "
+                        f"uncached {row['uncached_ms']:.2f} ms, uncached/cached {row['uncached_over_cached']:.1f}x, "
+                        f"max |diff| {row['max_abs_logit_diff']:.2g}",
+                        flush=True,
+                    )
                     steps.append(row)
             total = generation_total(model, new_tokens, max(1, repeats // 4) if not args.quick else 1)
-        print(f"{name}: generate {new_tokens} tokens from {PROMPT_TOKENS}: cached {total['cached_s']:.2f} s, "
-              f"uncached {total['uncached_s']:.2f} s, uncached/cached {total['uncached_over_cached']:.1f}x, "
-              f"same greedy tokens: {total['same_greedy_tokens']}", flush=True)
+        print(
+            f"{name}: generate {new_tokens} tokens from {PROMPT_TOKENS}: cached {total['cached_s']:.2f} s, "
+            f"uncached {total['uncached_s']:.2f} s, uncached/cached {total['uncached_over_cached']:.1f}x, "
+            f"same greedy tokens: {total['same_greedy_tokens']}",
+            flush=True,
+        )
         results[name] = {"decode_step": steps, "generation": total}
-    write_result("cache_speedup", {"benchmark": "cache_speedup", "machine": machine_info(device, dtype),
-                                   "checkpoint": args.checkpoint, "quick": args.quick, "kernels": results}, args.out)
+    write_result(
+        "cache_speedup",
+        {
+            "benchmark": "cache_speedup",
+            "machine": machine_info(device, dtype),
+            "checkpoint": args.checkpoint,
+            "quick": args.quick,
+            "kernels": results,
+        },
+        args.out,
+    )
     return 0
 
 

@@ -6,6 +6,7 @@ for the default model: 16,384 tokens) and room for 128 running requests. Submits
 prefix is shared) and steps the engine to the end, recording how many ran at once, how many blocks
 they held, and how many were preempted.
 """
+
 from __future__ import annotations
 
 import time
@@ -30,13 +31,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.requests, args.new_tokens = 12, 8
     model = load_model(args.checkpoint, device=device, dtype=dtype)
-    engine = Engine(model, load_tokenizer(args.checkpoint), EngineConfig(
-        max_num_seqs=128, max_waiting=args.requests, kv_cache_memory=args.kv_cache_memory), threads=args.threads)
+    engine = Engine(
+        model,
+        load_tokenizer(args.checkpoint),
+        EngineConfig(max_num_seqs=128, max_waiting=args.requests, kv_cache_memory=args.kv_cache_memory),
+        threads=args.threads,
+    )
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0, ignore_eos=True)
     sinks = [[] for _ in range(args.requests)]
     for i, sink in enumerate(sinks):
-        prompt = torch.randint(0, model.config.vocab_size, (args.prompt_tokens,),
-                               generator=torch.Generator().manual_seed(i)).tolist()
+        prompt = torch.randint(
+            0, model.config.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(i)
+        ).tolist()
         engine.submit(prompt, params, sink.append, cache_salt=str(i))
     start, steps, peak_running, peak_blocks, running_at = time.perf_counter(), 0, 0, 0, []
     while not all(s and s[-1].finished for s in sinks):
@@ -47,19 +53,32 @@ def main(argv: list[str] | None = None) -> int:
         peak_blocks = max(peak_blocks, engine.blocks.num_blocks - engine.blocks.num_free_blocks)
     wall = time.perf_counter() - start
     tokens = sum(len(s) for s in sinks)
-    result = {"benchmark": "capacity", "machine": machine_info(device, dtype), "checkpoint": args.checkpoint,
-              "quick": args.quick, "requests": args.requests, "prompt_tokens": args.prompt_tokens,
-              "new_tokens": args.new_tokens, "kv_cache_memory": args.kv_cache_memory,
-              "kv_cache_tokens": engine.blocks.num_blocks * engine.blocks.block_size,
-              "peak_running": peak_running, "peak_blocks_held": peak_blocks, "num_blocks": engine.blocks.num_blocks,
-              "preemptions": engine.stats.preemptions, "steps": steps, "wall_s": wall,
-              "output_tokens_per_s": tokens / wall, "all_finished_with_length": all(
-                  s[-1].finish_reason == "length" and len(s) == args.new_tokens for s in sinks),
-              "running_per_step": running_at}
-    print(f"{args.requests} requests of {args.prompt_tokens} + {args.new_tokens} tokens in "
-          f"{result['kv_cache_tokens']} tokens of KV cache: at most {peak_running} ran at once "
-          f"({peak_blocks} of {engine.blocks.num_blocks} blocks held), {engine.stats.preemptions} preemptions, "
-          f"{steps} steps, {tokens / wall:.0f} tok/s; every request finished whole: {result['all_finished_with_length']}")
+    result = {
+        "benchmark": "capacity",
+        "machine": machine_info(device, dtype),
+        "checkpoint": args.checkpoint,
+        "quick": args.quick,
+        "requests": args.requests,
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "kv_cache_memory": args.kv_cache_memory,
+        "kv_cache_tokens": engine.blocks.num_blocks * engine.blocks.block_size,
+        "peak_running": peak_running,
+        "peak_blocks_held": peak_blocks,
+        "num_blocks": engine.blocks.num_blocks,
+        "preemptions": engine.stats.preemptions,
+        "steps": steps,
+        "wall_s": wall,
+        "output_tokens_per_s": tokens / wall,
+        "all_finished_with_length": all(s[-1].finish_reason == "length" and len(s) == args.new_tokens for s in sinks),
+        "running_per_step": running_at,
+    }
+    print(
+        f"{args.requests} requests of {args.prompt_tokens} + {args.new_tokens} tokens in "
+        f"{result['kv_cache_tokens']} tokens of KV cache: at most {peak_running} ran at once "
+        f"({peak_blocks} of {engine.blocks.num_blocks} blocks held), {engine.stats.preemptions} preemptions, "
+        f"{steps} steps, {tokens / wall:.0f} tok/s; every request finished whole: {result['all_finished_with_length']}"
+    )
     write_result("capacity", result, args.out)
     return 0
 

@@ -1,4 +1,5 @@
 """What every benchmark shares: its command-line flags, a machine description, timing, JSON output."""
+
 from __future__ import annotations
 
 import argparse
@@ -29,11 +30,18 @@ def base_parser(prog: str, description: str) -> argparse.ArgumentParser:
     ap.add_argument("--out", default=None, help=f"output folder (default {RESULTS_DIR})")
     ap.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes, few repeats")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: one per core)")
-    ap.add_argument("--kernels", default="auto", choices=["auto", "exact", "stock", "both"],
-                    help="the step's kernels: ours (exact), torch's (stock), or both side by side "
-                         "(default: exact where they run)")
-    ap.add_argument("--quantization", default=None, choices=["int8"],
-                    help="int8: the products' weights quantized at load (model.kernels.int8)")
+    ap.add_argument(
+        "--kernels",
+        default="auto",
+        choices=["auto", "exact", "stock", "both"],
+        help="the step's kernels: ours (exact), torch's (stock), or both side by side (default: exact where they run)",
+    )
+    ap.add_argument(
+        "--quantization",
+        default=None,
+        choices=["int8"],
+        help="int8: the products' weights quantized at load (model.kernels.int8)",
+    )
     return ap
 
 
@@ -55,7 +63,7 @@ def kernel_sets(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     return [args.kernels]
 
 
-def stock_threads(name: str) -> "contextlib.AbstractContextManager":
+def stock_threads(name: str) -> contextlib.AbstractContextManager:
     """torch's own thread count while the stock kernels run (they use torch's pool, the exact ones theirs)."""
     return _torch_threads(os.cpu_count() or 1) if name == "stock" else contextlib.nullcontext()
 
@@ -113,8 +121,9 @@ def time_once(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def interleaved_medians(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int,
-                        warmup: int = 1) -> dict[str, dict]:
+def interleaved_medians(
+    fns: dict[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int = 1
+) -> dict[str, dict]:
     """Times each fn `repeats` times, taking turns (a, b, a, b, ...) so drift hits all alike."""
     for _ in range(warmup):
         for fn in fns.values():

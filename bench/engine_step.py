@@ -7,6 +7,7 @@ samples per batch size, and the median step is reported, in wall time and in the
 time (with --threads 1 the CPU time is the step's work, which the neighbours on a shared machine
 disturb much less than the wall clock).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -52,18 +53,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=3)
     args = ap.parse_args(argv)
     device, dtype = resolve(args)
-    model = load_model(args.checkpoint, device=device, dtype=dtype, kernels=args.kernels if args.kernels != "both"
-                       else "auto")
+    model = load_model(
+        args.checkpoint, device=device, dtype=dtype, kernels=args.kernels if args.kernels != "both" else "auto"
+    )
     engine = Engine(model, load_tokenizer(args.checkpoint), threads=args.threads, max_num_seqs=64)
     results = {}
     for batch in [int(b) for b in args.batches.split(",")]:
         walls, cpus = step_times(engine, batch, args.samples)
         results[batch] = {"wall_ms": statistics.median(walls) * 1e3, "cpu_ms": statistics.median(cpus) * 1e3}
-        print(f"batch {batch:3d}: engine step {results[batch]['wall_ms']:.3f} ms wall, {results[batch]['cpu_ms']:.3f} "
-              f"ms CPU (samples {[round(m * 1e3, 3) for m in walls]}, {[round(m * 1e3, 3) for m in cpus]})", flush=True)
-    write_result("engine_step", {"machine": machine_info(device, dtype), "kernels": model.kernels,
-                                 "prompt_tokens": PROMPT_TOKENS, "steps_per_sample": STEPS,
-                                 "step_ms": results}, args.out)
+        print(
+            f"batch {batch:3d}: engine step {results[batch]['wall_ms']:.3f} ms wall, {results[batch]['cpu_ms']:.3f} "
+            f"ms CPU (samples {[round(m * 1e3, 3) for m in walls]}, {[round(m * 1e3, 3) for m in cpus]})",
+            flush=True,
+        )
+    write_result(
+        "engine_step",
+        {
+            "machine": machine_info(device, dtype),
+            "kernels": model.kernels,
+            "prompt_tokens": PROMPT_TOKENS,
+            "steps_per_sample": STEPS,
+            "step_ms": results,
+        },
+        args.out,
+    )
     return 0
 
 

@@ -6,6 +6,7 @@ engine thread between two steps every KV_STREAM_PERIOD seconds, turned into JSON
 Reported: the batch's wall time both ways (medians, in turns), and the time each snapshot held the
 engine thread and its JSON size, on the default pool.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,8 +58,11 @@ def main() -> None:
     if args.quick:
         args.requests, args.new_tokens, args.repeats = 4, 16, 1
     device, dtype = resolve(args)
-    engine = Engine.from_args(EngineArgs(checkpoint=args.checkpoint, device=str(device), dtype=args.dtype,
-                                         config=EngineConfig(threads=args.threads))).start()
+    engine = Engine.from_args(
+        EngineArgs(
+            checkpoint=args.checkpoint, device=str(device), dtype=args.dtype, config=EngineConfig(threads=args.threads)
+        )
+    ).start()
     engine.warmup()
     prompt = load_tokenizer(args.checkpoint).encode(PROMPT)
     watchers: list[Watcher] = []
@@ -87,7 +91,9 @@ def main() -> None:
     result = {
         "machine": machine_info(device, dtype),
         "pool_blocks": engine.blocks.num_blocks,
-        "requests": args.requests, "new_tokens": args.new_tokens, "repeats": args.repeats,
+        "requests": args.requests,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
         "batch_s": times,
         "watched_over_unwatched": times["watched"]["median_s"] / times["unwatched"]["median_s"],
         "snapshots": len(held),

@@ -8,6 +8,7 @@ a step does not depend on the values. The tokenizer is a byte-level BPE of GPT-2
 trained on text found on this machine (documentation and Python sources), so prompts tokenize to
 realistic lengths. Write it outside the repository (e.g. /root/ckpt/gpt2): it is 0.5-1.4 GB.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +45,7 @@ def machine_text(max_bytes: int, roots: tuple[str, ...] = TEXT_ROOTS) -> Iterato
             if not path.is_file() or path.is_symlink() or path.suffix not in TEXT_SUFFIXES:
                 continue
             try:
-                data = path.read_bytes()[:1 << 20]
+                data = path.read_bytes()[: 1 << 20]
                 text = data.decode("utf-8")
             except (OSError, UnicodeDecodeError):
                 continue
@@ -53,14 +54,21 @@ def machine_text(max_bytes: int, roots: tuple[str, ...] = TEXT_ROOTS) -> Iterato
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.make_checkpoint", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.make_checkpoint",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("out", help="the checkpoint directory to write (outside the repository)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="gpt2")
     ap.add_argument("--text-mb", type=int, default=64, help="how much of the machine's text trains the tokenizer")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tokenizer-from", default=None, metavar="CHECKPOINT",
-                    help="reuse this checkpoint's 50,257-token tokenizer instead of training one")
+    ap.add_argument(
+        "--tokenizer-from",
+        default=None,
+        metavar="CHECKPOINT",
+        help="reuse this checkpoint's 50,257-token tokenizer instead of training one",
+    )
     args = ap.parse_args(argv)
     start = time.perf_counter()
     if args.tokenizer_from:
@@ -68,18 +76,29 @@ def main(argv: list[str] | None = None) -> int:
     else:
         tokenizer = train_tokenizer(machine_text(args.text_mb << 20), vocab_size=GPT2_VOCAB)
     if tokenizer.vocab_size != GPT2_VOCAB:
-        print(f"the machine's text gave only {tokenizer.vocab_size} tokens, not {GPT2_VOCAB}: raise --text-mb",
-              file=sys.stderr)
+        print(
+            f"the machine's text gave only {tokenizer.vocab_size} tokens, not {GPT2_VOCAB}: raise --text-mb",
+            file=sys.stderr,
+        )
         return 1
     print(f"tokenizer: {tokenizer.vocab_size} tokens in {time.perf_counter() - start:.0f} s", flush=True)
-    config = GPTConfig(vocab_size=GPT2_VOCAB, n_positions=1024, eos_token_id=tokenizer.eos_token_id,
-                       bos_token_id=tokenizer.eos_token_id, **SHAPES[args.shape])
+    config = GPTConfig(
+        vocab_size=GPT2_VOCAB,
+        n_positions=1024,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        **SHAPES[args.shape],
+    )
     torch.manual_seed(args.seed)
     model = GPT(config).eval()  # GPT-2's init: std 0.02, c_proj scaled by 1/sqrt(2 * n_layer)
-    save_checkpoint(model, tokenizer, args.out,
-                    card=f"# Random {args.shape}-shaped GPT-2 (benchmarks only)\n\n"
-                         f"Untrained: GPT-2's initialisation, seed {args.seed}. Written by "
-                         f"`python -m bench.make_checkpoint --shape {args.shape}`.\n")
+    save_checkpoint(
+        model,
+        tokenizer,
+        args.out,
+        card=f"# Random {args.shape}-shaped GPT-2 (benchmarks only)\n\n"
+        f"Untrained: GPT-2's initialisation, seed {args.seed}. Written by "
+        f"`python -m bench.make_checkpoint --shape {args.shape}`.\n",
+    )
     print(f"wrote {args.out}: {model.num_parameters() / 1e6:.1f} M parameters, {config}")
     return 0
 

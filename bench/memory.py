@@ -6,6 +6,7 @@ so the last reading is the largest's) the process's peak resident memory (ru_max
 and, on CUDA, the peak allocated device memory, after the in-process engine ran them all to the end
 of the context.
 """
+
 from __future__ import annotations
 
 import resource
@@ -47,33 +48,57 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.reset_peak_memory_stats(device)
         sinks = [[] for _ in range(batch)]
         for i, sink in enumerate(sinks):
-            prompt = torch.randint(0, model.config.vocab_size, (args.prompt_tokens,),
-                                   generator=torch.Generator().manual_seed(i)).tolist()
-            engine.submit(prompt, SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=True),
-                          sink.append, cache_salt=f"{batch}-{i}")
+            prompt = torch.randint(
+                0, model.config.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(i)
+            ).tolist()
+            engine.submit(
+                prompt,
+                SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=True),
+                sink.append,
+                cache_salt=f"{batch}-{i}",
+            )
         peak_blocks = 0
         while not all(s and s[-1].finished for s in sinks):
             engine.step()
             peak_blocks = max(peak_blocks, engine.blocks.num_blocks - engine.blocks.num_free_blocks)
         synchronize(device)
-        row = {"batch": batch, "peak_blocks_held": peak_blocks, "peak_kv_bytes_held": peak_blocks * per_block,
-               "peak_rss_bytes": peak_rss_bytes(), "decoded_to_position": args.prompt_tokens + new_tokens}
+        row = {
+            "batch": batch,
+            "peak_blocks_held": peak_blocks,
+            "peak_kv_bytes_held": peak_blocks * per_block,
+            "peak_rss_bytes": peak_rss_bytes(),
+            "decoded_to_position": args.prompt_tokens + new_tokens,
+        }
         if device.type == "cuda":
             row["peak_cuda_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
-        print(f"{batch:3d} requests to position {row['decoded_to_position']}: {peak_blocks} blocks held "
-              f"({row['peak_kv_bytes_held'] / 2**20:.1f} MiB of KV), peak RSS {row['peak_rss_bytes'] / 2**20:.1f} MiB")
+        print(
+            f"{batch:3d} requests to position {row['decoded_to_position']}: {peak_blocks} blocks held "
+            f"({row['peak_kv_bytes_held'] / 2**20:.1f} MiB of KV), peak RSS {row['peak_rss_bytes'] / 2**20:.1f} MiB"
+        )
         rows.append(row)
     params = model.num_parameters()
-    result = {"benchmark": "memory", "machine": machine_info(device, dtype), "checkpoint": args.checkpoint,
-              "model": model.config.to_hf_dict(), "quick": args.quick, "parameters": params,
-              "parameter_bytes": params * model.transformer.wte.weight.element_size(),
-              "kv_bytes_per_token": per_block // config.block_size, "kv_bytes_per_block": per_block,
-              "block_size": config.block_size, "kv_cache_bytes": engine.cache.total_bytes(),
-              "kv_cache_tokens": engine.blocks.num_blocks * config.block_size, "context": context,
-              "peak_rss_bytes_after_load": rss_after_load, "batches": rows}
-    print(f"KV cache: {per_block // config.block_size} bytes/token, {per_block / 2**10:.0f} KiB a block of "
-          f"{config.block_size}; the pool: {engine.blocks.num_blocks} blocks = "
-          f"{engine.blocks.num_blocks * config.block_size} tokens, {engine.cache.total_bytes() / 2**20:.1f} MiB")
+    result = {
+        "benchmark": "memory",
+        "machine": machine_info(device, dtype),
+        "checkpoint": args.checkpoint,
+        "model": model.config.to_hf_dict(),
+        "quick": args.quick,
+        "parameters": params,
+        "parameter_bytes": params * model.transformer.wte.weight.element_size(),
+        "kv_bytes_per_token": per_block // config.block_size,
+        "kv_bytes_per_block": per_block,
+        "block_size": config.block_size,
+        "kv_cache_bytes": engine.cache.total_bytes(),
+        "kv_cache_tokens": engine.blocks.num_blocks * config.block_size,
+        "context": context,
+        "peak_rss_bytes_after_load": rss_after_load,
+        "batches": rows,
+    }
+    print(
+        f"KV cache: {per_block // config.block_size} bytes/token, {per_block / 2**10:.0f} KiB a block of "
+        f"{config.block_size}; the pool: {engine.blocks.num_blocks} blocks = "
+        f"{engine.blocks.num_blocks * config.block_size} tokens, {engine.cache.total_bytes() / 2**20:.1f} MiB"
+    )
     write_result("memory", result, args.out)
     return 0
 

@@ -8,6 +8,7 @@ overlap) once per configuration, and compares each with float32 (the exact kerne
 - top-1: how often the most likely next token is float32's.
 llama.cpp's `llama-perplexity --kl-divergence` reports the same three for its quantizations.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,15 +55,17 @@ def main(argv: list[str] | None = None) -> int:
     device, _ = resolve(args)
     tokenizer = load_tokenizer(args.checkpoint)
     ids, n_bytes = held_out_ids(tokenizer, 2048 if args.quick else args.max_tokens)
-    models = {name: load_model(args.checkpoint, device=device, dtype=CONFIGS[name][0],
-                               quantization=CONFIGS[name][1]) for name in dict.fromkeys(["float32", *args.configs])}
+    models = {
+        name: load_model(args.checkpoint, device=device, dtype=CONFIGS[name][0], quantization=CONFIGS[name][1])
+        for name in dict.fromkeys(["float32", *args.configs])
+    }
     context = next(iter(models.values())).config.n_positions
     nll = {name: 0.0 for name in models}
     kl = {name: 0.0 for name in models}
     agree = {name: 0 for name in models}
     scored = 0
     for start in range(0, len(ids) - 1, context):
-        window = ids[start:start + context + 1]
+        window = ids[start : start + context + 1]
         inputs, targets = window[:-1], torch.tensor(window[1:])
         ref = window_log_probs(models["float32"], inputs)  # (T, V)
         for name, model in models.items():
@@ -74,15 +77,32 @@ def main(argv: list[str] | None = None) -> int:
     scored_bytes = n_bytes  # the first token is not predicted; its bytes are a rounding error of this measure
     rows = {}
     for name in models:
-        rows[name] = {"bits_per_byte": nll[name] / math.log(2) / scored_bytes, "kl_nats": kl[name] / scored,
-                      "top1_agreement": agree[name] / scored, "dtype": str(CONFIGS[name][0]).removeprefix("torch."),
-                      "quantization": CONFIGS[name][1],
-                      "kv_cache_dtype": str(CONFIGS[name][2] or CONFIGS[name][0]).removeprefix("torch.")}
+        rows[name] = {
+            "bits_per_byte": nll[name] / math.log(2) / scored_bytes,
+            "kl_nats": kl[name] / scored,
+            "top1_agreement": agree[name] / scored,
+            "dtype": str(CONFIGS[name][0]).removeprefix("torch."),
+            "quantization": CONFIGS[name][1],
+            "kv_cache_dtype": str(CONFIGS[name][2] or CONFIGS[name][0]).removeprefix("torch."),
+        }
         row, delta = rows[name], rows[name]["bits_per_byte"] - rows["float32"]["bits_per_byte"]
-        print(f"{name:9s} bits/byte {row['bits_per_byte']:.4f} (Δ {delta:+.4f})  KL {row['kl_nats']:.2e} nats  "
-              f"top-1 {row['top1_agreement']:.2%}", flush=True)
-    write_result("quality", {"benchmark": "quality", "machine": machine_info(device), "checkpoint": args.checkpoint,
-                             "tokens": scored, "bytes": scored_bytes, "results": rows}, args.out)
+        print(
+            f"{name:9s} bits/byte {row['bits_per_byte']:.4f} (Δ {delta:+.4f})  KL {row['kl_nats']:.2e} nats  "
+            f"top-1 {row['top1_agreement']:.2%}",
+            flush=True,
+        )
+    write_result(
+        "quality",
+        {
+            "benchmark": "quality",
+            "machine": machine_info(device),
+            "checkpoint": args.checkpoint,
+            "tokens": scored,
+            "bytes": scored_bytes,
+            "results": rows,
+        },
+        args.out,
+    )
     return 0
 
 

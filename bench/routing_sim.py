@@ -13,6 +13,7 @@ Reports, per policy and replica count: the prefix-cache hit rate (cached prompt 
 tokens, vLLM's definition), TTFT p50 and p99, and the load imbalance (the busiest replica's busy time
 over the mean).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,7 @@ class Trace:
     output_tokens: int
 
 
-def make_trace(num_requests: int, rate: float, tenants: int, zipf_s: float, output_tokens: int,
-               seed: int) -> Trace:
+def make_trace(num_requests: int, rate: float, tenants: int, zipf_s: float, output_tokens: int, seed: int) -> Trace:
     rng = random.Random(seed)
     prefixes = [[rng.randrange(50_000) for _ in range(rng.randint(256, 1024))] for _ in range(tenants)]
     weights = [1 / (k + 1) ** zipf_s for k in range(tenants)]
@@ -94,14 +94,31 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def simulate(trace: Trace, policy: str, num_replicas: int, *, cost: CostModel, num_blocks: int, block_size: int,
-             max_num_seqs: int, max_batched: int, report_interval: float, imbalance_threshold: int,
-             seed: int) -> PolicyResult:
+def simulate(
+    trace: Trace,
+    policy: str,
+    num_replicas: int,
+    *,
+    cost: CostModel,
+    num_blocks: int,
+    block_size: int,
+    max_num_seqs: int,
+    max_batched: int,
+    report_interval: float,
+    imbalance_threshold: int,
+    seed: int,
+) -> PolicyResult:
     started = time.perf_counter()
-    replicas = {f"r{i}": SimReplica(f"r{i}", num_blocks, block_size, max_num_seqs, max_batched)
-                for i in range(num_replicas)}
-    router = Router("kv" if policy == "oracle" else policy, block_size, imbalance_threshold=imbalance_threshold,
-                    seed=seed, clock=lambda: now)
+    replicas = {
+        f"r{i}": SimReplica(f"r{i}", num_blocks, block_size, max_num_seqs, max_batched) for i in range(num_replicas)
+    }
+    router = Router(
+        "kv" if policy == "oracle" else policy,
+        block_size,
+        imbalance_threshold=imbalance_threshold,
+        seed=seed,
+        clock=lambda: now,
+    )
     router.set_replicas(list(replicas))
     if policy == "oracle":  # the router's picture of each cache is the cache itself, live
         for rid, rep in replicas.items():
@@ -169,9 +186,17 @@ def simulate(trace: Trace, policy: str, num_replicas: int, *, cost: CostModel, n
     queries = sum(r.scheduler.stats.prefix_cache_queries for r in replicas.values())
     hits = sum(r.scheduler.stats.prefix_cache_hits for r in replicas.values())
     busy = [r.busy_s for r in replicas.values()]
-    return PolicyResult(policy, num_replicas, len(trace.requests), hits / max(queries, 1), 1000 * _pct(ttft, 0.5),
-                        1000 * _pct(ttft, 0.99), max(busy) / (sum(busy) / len(busy)),
-                        router.decisions[("kv", "fallback")], time.perf_counter() - started)
+    return PolicyResult(
+        policy,
+        num_replicas,
+        len(trace.requests),
+        hits / max(queries, 1),
+        1000 * _pct(ttft, 0.5),
+        1000 * _pct(ttft, 0.99),
+        max(busy) / (sum(busy) / len(busy)),
+        router.decisions[("kv", "fallback")],
+        time.perf_counter() - started,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,19 +226,31 @@ def main(argv: list[str] | None = None) -> int:
     print("|---:|---:|:--|---:|---:|---:|---:|---:|")
     for n in [int(x) for x in args.replicas.split(",")]:
         tenants = max(1, round(args.tenants_per_replica * n))
-        trace = make_trace(args.requests_per_replica * n, args.rate_per_replica * n, tenants, args.zipf,
-                           args.output_tokens, args.seed)
+        trace = make_trace(
+            args.requests_per_replica * n, args.rate_per_replica * n, tenants, args.zipf, args.output_tokens, args.seed
+        )
         for policy in args.policies.split(","):
-            r = simulate(trace, policy, n, cost=cost, num_blocks=args.num_blocks, block_size=args.block_size,
-                         max_num_seqs=args.max_num_seqs, max_batched=args.max_num_batched_tokens,
-                         report_interval=args.report_interval, imbalance_threshold=args.imbalance_threshold,
-                         seed=args.seed)
+            r = simulate(
+                trace,
+                policy,
+                n,
+                cost=cost,
+                num_blocks=args.num_blocks,
+                block_size=args.block_size,
+                max_num_seqs=args.max_num_seqs,
+                max_batched=args.max_num_batched_tokens,
+                report_interval=args.report_interval,
+                imbalance_threshold=args.imbalance_threshold,
+                seed=args.seed,
+            )
             results.append(asdict(r) | {"tenants": tenants})
-            print(f"| {n} | {tenants} | {policy} | {r.hit_rate:.3f} | {r.ttft_p50_ms:.1f} | {r.ttft_p99_ms:.1f} | "
-                  f"{r.imbalance:.2f} | {r.fallbacks} |", flush=True)
+            print(
+                f"| {n} | {tenants} | {policy} | {r.hit_rate:.3f} | {r.ttft_p50_ms:.1f} | {r.ttft_p99_ms:.1f} | "
+                f"{r.imbalance:.2f} | {r.fallbacks} |",
+                flush=True,
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results},
-                                   indent=1))
+    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
     return 0
 
 

@@ -3,6 +3,7 @@
 Each writes its JSON (with a machine description) into --out; run_all.json lists what ran and how
 it ended. A benchmark that fails does not stop the others.
 """
+
 from __future__ import annotations
 
 import subprocess

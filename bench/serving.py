@@ -5,6 +5,7 @@ at each concurrency in each cache mode side by side (off: use_cache false; kv: t
 prefix reuse across requests; prefix: the KV cache and prefix caching), writes JSON and plots, stops
 the server. `--shared-prefix-tokens N` puts one N-token passage in front of every prompt.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,9 @@ def wait_for_health(url: str, process: subprocess.Popen, log_path: Path, timeout
     with httpx.Client(trust_env=False, timeout=5.0) as client:
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise RuntimeError(f"the server exited with {process.returncode}; its log:\n"
-                                   + log_path.read_text()[-3000:])
+                raise RuntimeError(
+                    f"the server exited with {process.returncode}; its log:\n" + log_path.read_text()[-3000:]
+                )
             try:
                 if client.get(f"{url}/health").status_code == 200:
                     return
@@ -46,13 +48,34 @@ def wait_for_health(url: str, process: subprocess.Popen, log_path: Path, timeout
 
 
 @contextmanager
-def running_server(checkpoint: str, device: str, dtype: str, log_path: Path, flags: list[str],
-                   startup_timeout_s: float = 600.0, module: str = "server"):
+def running_server(
+    checkpoint: str,
+    device: str,
+    dtype: str,
+    log_path: Path,
+    flags: list[str],
+    startup_timeout_s: float = 600.0,
+    module: str = "server",
+):
     """Yields the base URL of a server subprocess (`python -m module`, `server.cluster` for the Ray
     path) started with `flags`; stops it on exit."""
     port = free_port()
-    command = [sys.executable, "-m", module, "--checkpoint", checkpoint, "--host", "127.0.0.1",
-               "--port", str(port), "--device", device, "--dtype", dtype, *flags]
+    command = [
+        sys.executable,
+        "-m",
+        module,
+        "--checkpoint",
+        checkpoint,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        device,
+        "--dtype",
+        dtype,
+        *flags,
+    ]
     env = None
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
@@ -86,27 +109,42 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else RESULTS_DIR
     if args.quick:
         args.concurrency, args.num_requests, args.prompt_tokens, args.max_new_tokens = "1,2", 4, 16, 8
-    prompts, prompt_note = load_prompts(64, args.prompt_tokens, None, args.checkpoint,
-                                        shared_prefix_tokens=args.shared_prefix_tokens)
+    prompts, prompt_note = load_prompts(
+        64, args.prompt_tokens, None, args.checkpoint, shared_prefix_tokens=args.shared_prefix_tokens
+    )
     name = args.name
     flags = [*args.server_flag, "--kernels", "auto" if args.kernels == "both" else args.kernels]
     flags += ["--threads", str(args.threads)] if args.threads else []
     flags += ["--quantization", args.quantization] if args.quantization else []
     with running_server(args.checkpoint, str(device), args.dtype, out / f"{name}_server.log", flags) as url:
-        config = LoadTestConfig(url=url, concurrency=tuple(int(c) for c in args.concurrency.split(",")),
-                                cache_modes=tuple(args.cache_modes.split(",")), num_requests=args.num_requests,
-                                duration_s=args.duration, request_timeout_s=600.0, timeout_s=3600.0,
-                                max_new_tokens=args.max_new_tokens)
-        report = asyncio.run(run_load_test(config, prompts,
-                                           on_run_start=lambda label, n: print(f"{label}: {n} requests", flush=True)))
+        config = LoadTestConfig(
+            url=url,
+            concurrency=tuple(int(c) for c in args.concurrency.split(",")),
+            cache_modes=tuple(args.cache_modes.split(",")),
+            num_requests=args.num_requests,
+            duration_s=args.duration,
+            request_timeout_s=600.0,
+            timeout_s=3600.0,
+            max_new_tokens=args.max_new_tokens,
+        )
+        report = asyncio.run(
+            run_load_test(config, prompts, on_run_start=lambda label, n: print(f"{label}: {n} requests", flush=True))
+        )
     report["prompts"] = prompt_note
     from rich.console import Console
 
     for table in render_tables(report):
         Console().print(table)
     plots = write_plots(report, out / f"{name}_plots")
-    result = {"benchmark": "serving", "machine": machine_info(device, dtype), "checkpoint": args.checkpoint,
-              "quick": args.quick, "server_flags": flags, "plots": [str(p) for p in plots], **report}
+    result = {
+        "benchmark": "serving",
+        "machine": machine_info(device, dtype),
+        "checkpoint": args.checkpoint,
+        "quick": args.quick,
+        "server_flags": flags,
+        "plots": [str(p) for p in plots],
+        **report,
+    }
     write_result(name, result, str(out))
     return 0
 

@@ -13,6 +13,7 @@ one shared prefix. A share of them is dropped by the client at a random point: b
 It reports requests, preemptions (the server's counter), drops, wrong greedy outputs, blocks held
 afterwards and RSS, and writes them to bench/results/soak.json. The run stops at --duration-s.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,15 @@ class SoakReport:
     failures: list[str] = field(default_factory=list)  # the first few, for the log
 
 
-def plan(count: int, prompts: list[str], shared_prefix: str, drop_share: float, greedy_share: float,
-         max_new_tokens: int, seed: int) -> list[SoakRequest]:
+def plan(
+    count: int,
+    prompts: list[str],
+    shared_prefix: str,
+    drop_share: float,
+    greedy_share: float,
+    max_new_tokens: int,
+    seed: int,
+) -> list[SoakRequest]:
     """The mixed workload; `prompts` are cycled so that greedy requests repeat (each is checked once)."""
     rng = random.Random(seed)
     out = []
@@ -73,12 +81,17 @@ def plan(count: int, prompts: list[str], shared_prefix: str, drop_share: float, 
         if rng.random() < 0.5:
             prompt = shared_prefix + prompt
         drop = rng.random() < drop_share
-        out.append(SoakRequest(
-            index=i, route=rng.choice(ROUTES) if not drop else rng.choice(("tgi_stream", "openai_stream", "tgi")),
-            prompt=prompt, max_new_tokens=rng.choice((8, 32, max_new_tokens)),
-            seed=None if rng.random() < greedy_share else rng.randrange(2**31),
-            drop_after_events=(0 if rng.random() < 0.5 else rng.randrange(1, 8)) if drop else None,
-            drop_delay_s=rng.uniform(0.0, 0.05)))
+        out.append(
+            SoakRequest(
+                index=i,
+                route=rng.choice(ROUTES) if not drop else rng.choice(("tgi_stream", "openai_stream", "tgi")),
+                prompt=prompt,
+                max_new_tokens=rng.choice((8, 32, max_new_tokens)),
+                seed=None if rng.random() < greedy_share else rng.randrange(2**31),
+                drop_after_events=(0 if rng.random() < 0.5 else rng.randrange(1, 8)) if drop else None,
+                drop_delay_s=rng.uniform(0.0, 0.05),
+            )
+        )
     return out
 
 
@@ -89,9 +102,15 @@ def body_of(req: SoakRequest) -> tuple[str, dict]:
         if req.seed is not None:
             parameters.update(do_sample=True, temperature=0.9, seed=req.seed)
         return ("/generate_stream" if req.route == "tgi_stream" else "/generate"), {
-            "inputs": req.prompt, "parameters": parameters}
-    return "/v1/completions", {"prompt": req.prompt, "max_tokens": req.max_new_tokens,
-                               "stream": req.route == "openai_stream", **sampling}
+            "inputs": req.prompt,
+            "parameters": parameters,
+        }
+    return "/v1/completions", {
+        "prompt": req.prompt,
+        "max_tokens": req.max_new_tokens,
+        "stream": req.route == "openai_stream",
+        **sampling,
+    }
 
 
 def text_of_events(route: str, events: list[dict]) -> str:
@@ -144,8 +163,9 @@ async def send(client: httpx.AsyncClient, req: SoakRequest) -> tuple[str, str | 
     return await read()
 
 
-async def run_workload(url: str, requests: list[SoakRequest], concurrency: int, duration_s: float,
-                       report: SoakReport) -> dict[tuple[str, int], str]:
+async def run_workload(
+    url: str, requests: list[SoakRequest], concurrency: int, duration_s: float, report: SoakReport
+) -> dict[tuple[str, int], str]:
     """Sends `requests` with `concurrency` in flight; returns each finished greedy request's text."""
     queue: asyncio.Queue = asyncio.Queue()
     for req in requests:
@@ -191,8 +211,11 @@ def check_solo(url: str, greedy: dict[tuple[str, int], str], report: SoakReport)
 
 def metric(url: str, name: str) -> float:
     text = httpx.get(url + "/metrics", timeout=30, trust_env=False).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
 
 
 def wait_idle(url: str, timeout_s: float = 120.0) -> None:
@@ -233,8 +256,22 @@ def start_server(checkpoint: str, flags: list[str], log_path: Path) -> tuple[str
     port = free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "w")  # noqa: SIM115 - lives as long as the server
-    process = subprocess.Popen([sys.executable, "-m", "server", "--checkpoint", checkpoint, "--port", str(port),
-                                "--log-level", "warning", *flags], stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "server",
+            "--checkpoint",
+            checkpoint,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *flags,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for_health(url, process, log_path, 600)
@@ -244,8 +281,9 @@ def start_server(checkpoint: str, flags: list[str], log_path: Path) -> tuple[str
     return url, process
 
 
-def workload(checkpoint: str, count: int, max_new_tokens: int, seed: int, drop_share: float,
-             greedy_share: float) -> list[SoakRequest]:
+def workload(
+    checkpoint: str, count: int, max_new_tokens: int, seed: int, drop_share: float, greedy_share: float
+) -> list[SoakRequest]:
     """Prompts of 8 to 200 tokens from the corpus; a 96-token shared prefix in front of half of them."""
     tokenizer = load_tokenizer(checkpoint)
     corpus = default_corpus()
@@ -255,8 +293,9 @@ def workload(checkpoint: str, count: int, max_new_tokens: int, seed: int, drop_s
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.soak", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
     ap.add_argument("--requests", type=int, default=500)
     ap.add_argument("--concurrency", type=int, default=32)
@@ -269,18 +308,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help=f"output folder (default {RESULTS_DIR})")
     args = ap.parse_args(argv)
-    requests = workload(args.checkpoint, args.requests, args.max_new_tokens, args.seed, args.drop_share,
-                        args.greedy_share)
-    flags = ["--kv-cache-memory", args.kv_cache_memory, "--max-num-seqs", str(args.concurrency),
-             "--max-waiting", str(args.concurrency * 2)] + (["--threads", str(args.threads)] if args.threads else [])
+    requests = workload(
+        args.checkpoint, args.requests, args.max_new_tokens, args.seed, args.drop_share, args.greedy_share
+    )
+    flags = [
+        "--kv-cache-memory",
+        args.kv_cache_memory,
+        "--max-num-seqs",
+        str(args.concurrency),
+        "--max-waiting",
+        str(args.concurrency * 2),
+    ] + (["--threads", str(args.threads)] if args.threads else [])
     url, process = start_server(args.checkpoint, flags, Path(args.out or RESULTS_DIR) / "soak_server.log")
     try:
         report = soak(url, process.pid, requests, args.concurrency, args.duration_s)
     finally:
         process.terminate()
         process.wait(30)
-    result = {"config": {k: v for k, v in vars(args).items() if k != "out"}, "machine": machine_info(),
-              "report": asdict(report)}
+    result = {
+        "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "machine": machine_info(),
+        "report": asdict(report),
+    }
     path = write_result("soak", result, args.out)
     print(json.dumps(asdict(report), indent=2))
     print(f"written to {path}")

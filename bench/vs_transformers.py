@@ -6,6 +6,7 @@ Ours is the plain cached loop (one StepBatch per step over a paged cache, argmax
 checkpoint has a tokenizer, the serving engine driven in-process (scheduler, runner, sampling; no
 HTTP), timed against transformers in a second pass.
 """
+
 from __future__ import annotations
 
 import queue
@@ -44,9 +45,16 @@ def generate_ours(model: GPT, prompts: torch.Tensor, new_tokens: int) -> torch.T
 
 @torch.inference_mode()
 def generate_transformers(hf_model, prompts: torch.Tensor, new_tokens: int, eos: int) -> torch.Tensor:
-    out = hf_model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
-                            min_new_tokens=new_tokens, do_sample=False, pad_token_id=eos, eos_token_id=eos)
-    return out[:, prompts.shape[1]:]  # (B, new_tokens)
+    out = hf_model.generate(
+        prompts,
+        attention_mask=torch.ones_like(prompts),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=eos,
+        eos_token_id=eos,
+    )
+    return out[:, prompts.shape[1] :]  # (B, new_tokens)
 
 
 def generate_engine(engine, prompts: torch.Tensor, new_tokens: int) -> list[list[int]]:
@@ -76,20 +84,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-engine", action="store_true", help="skip the in-process serving engine")
     args = ap.parse_args(argv)
     device, dtype = resolve(args)
-    model = load_model(args.checkpoint, device=device, dtype=dtype, kernels=args.kernels if args.kernels != "both" else "auto")
+    model = load_model(
+        args.checkpoint, device=device, dtype=dtype, kernels=args.kernels if args.kernels != "both" else "auto"
+    )
     hf_model = GPT2LMHeadModel.from_pretrained(args.checkpoint, dtype=dtype).to(device).eval()
     limit = model.config.n_positions
     new_tokens = min(16 if args.quick else args.new_tokens, limit - args.prompt_tokens)
     repeats = args.repeats or (1 if args.quick else 5)
     batches = [int(b) for b in args.batches.split(",")]
     eos = model.config.eos_token_id
-    all_prompts = {b: torch.randint(0, model.config.vocab_size, (b, args.prompt_tokens),
-                                    generator=torch.Generator().manual_seed(b)).to(device) for b in batches}
+    all_prompts = {
+        b: torch.randint(
+            0, model.config.vocab_size, (b, args.prompt_tokens), generator=torch.Generator().manual_seed(b)
+        ).to(device)
+        for b in batches
+    }
 
     def transformers_fn(prompts):
         def run():
             with stock_threads("stock"):
                 return generate_transformers(hf_model, prompts, new_tokens, eos)
+
         return run
 
     # Pass 1: the bare loop against transformers. Pass 2, after it: the engine against transformers
@@ -97,41 +112,71 @@ def main(argv: list[str] | None = None) -> int:
     # while it runs (stock_threads), and an engine's thread never runs beside pass 1.
     rows = []
     for batch, prompts in all_prompts.items():
-        fns = {"ours": lambda: generate_ours(model, prompts, new_tokens), "transformers": transformers_fn(prompts)}
+        fns = {
+            "ours": lambda prompts=prompts: generate_ours(model, prompts, new_tokens),
+            "transformers": transformers_fn(prompts),
+        }
         same = (generate_ours(model, prompts, new_tokens) == fns["transformers"]()).float().mean().item()
         times = interleaved_medians(fns, device, repeats, warmup=1)
         tps = {name: batch * new_tokens / t["median_s"] for name, t in times.items()}
-        row = {"batch": batch, "prompt_tokens": args.prompt_tokens, "new_tokens": new_tokens,
-               "tokens_per_s": tps, "same_token_fraction_vs_transformers": same, "samples_s": times}
-        row |= {f"{name}_over_transformers": v / tps["transformers"] for name, v in tps.items() if name != "transformers"}
+        row = {
+            "batch": batch,
+            "prompt_tokens": args.prompt_tokens,
+            "new_tokens": new_tokens,
+            "tokens_per_s": tps,
+            "same_token_fraction_vs_transformers": same,
+            "samples_s": times,
+        }
+        row |= {
+            f"{name}_over_transformers": v / tps["transformers"] for name, v in tps.items() if name != "transformers"
+        }
         rows.append(row)
-        print(f"batch {batch}: " + ", ".join(f"{n} {v:.0f} tok/s" for n, v in tps.items())
-              + f"; ours/transformers {row['ours_over_transformers']:.2f}x; same tokens {same:.0%}", flush=True)
+        print(
+            f"batch {batch}: "
+            + ", ".join(f"{n} {v:.0f} tok/s" for n, v in tps.items())
+            + f"; ours/transformers {row['ours_over_transformers']:.2f}x; same tokens {same:.0%}",
+            flush=True,
+        )
     if not args.no_engine and (Path(args.checkpoint) / "tokenizer.json").is_file():
         from server.engine import Engine
 
         engines = {}
         try:
-            engines["engine"] = Engine(model, load_tokenizer(args.checkpoint), max_num_seqs=max(batches),
-                                       threads=args.threads).start()
+            engines["engine"] = Engine(
+                model, load_tokenizer(args.checkpoint), max_num_seqs=max(batches), threads=args.threads
+            ).start()
             for row, prompts in zip(rows, all_prompts.values()):
-                fns = {name: lambda engine=engine: generate_engine(engine, prompts, new_tokens)
-                       for name, engine in engines.items()} | {"transformers": transformers_fn(prompts)}
+                fns = {
+                    name: lambda engine=engine, prompts=prompts: generate_engine(engine, prompts, new_tokens)
+                    for name, engine in engines.items()
+                } | {"transformers": transformers_fn(prompts)}
                 times = interleaved_medians(fns, device, repeats, warmup=1)
                 tps = {name: row["batch"] * new_tokens / t["median_s"] for name, t in times.items()}
                 row["engine_pass"] = {"tokens_per_s": tps, "samples_s": times}
-                row |= {f"{name}_over_transformers": v / tps["transformers"] for name, v in tps.items()
-                        if name != "transformers"}
-                print(f"batch {row['batch']}, engine pass: " + ", ".join(f"{n} {v:.0f} tok/s" for n, v in tps.items()),
-                      flush=True)
+                row |= {
+                    f"{name}_over_transformers": v / tps["transformers"]
+                    for name, v in tps.items()
+                    if name != "transformers"
+                }
+                print(
+                    f"batch {row['batch']}, engine pass: " + ", ".join(f"{n} {v:.0f} tok/s" for n, v in tps.items()),
+                    flush=True,
+                )
         finally:
             for engine in engines.values():
                 engine.shutdown()
     import transformers
 
-    result = {"benchmark": "vs_transformers", "machine": machine_info(device, dtype), "checkpoint": args.checkpoint,
-              "transformers": transformers.__version__, "quick": args.quick, "repeats": repeats,
-              "kernels": model.kernels, "runs": rows}
+    result = {
+        "benchmark": "vs_transformers",
+        "machine": machine_info(device, dtype),
+        "checkpoint": args.checkpoint,
+        "transformers": transformers.__version__,
+        "quick": args.quick,
+        "repeats": repeats,
+        "kernels": model.kernels,
+        "runs": rows,
+    }
     write_result("vs_transformers", result, args.out)
     return 0
 

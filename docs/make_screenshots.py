@@ -8,6 +8,7 @@ Serves the checkpoint on an ephemeral 127.0.0.1 port and drives headless Chromiu
 browser test (tests/server/test_playground_browser.py). Needs /usr/bin/chromium and `pip install playwright`.
 Without the checkpoint it falls back to a tiny random model and says so: same page, noise for text.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,14 @@ PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?\n"
 
 def tiny_random_checkpoint() -> Path:
     tokenizer = train_tokenizer([TINY_TEXT], vocab_size=400)
-    config = GPTConfig(vocab_size=tokenizer.vocab_size, n_positions=128, n_embd=32, n_layer=2, n_head=4,
-                       eos_token_id=tokenizer.eos_token_id)
+    config = GPTConfig(
+        vocab_size=tokenizer.vocab_size,
+        n_positions=128,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     return save_checkpoint(GPT(config).eval(), tokenizer, Path(tempfile.mkdtemp(prefix="tiny-ckpt-")))
 
@@ -51,8 +58,12 @@ KV_SCREENSHOTS = ("race.png", "kv-map.png")
 def kv_screenshots(out: Path) -> None:
     """Runs the race and demo browser tests, which save these screenshots, and copies them to `out`."""
     with tempfile.TemporaryDirectory() as folder:
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "tests/server/test_kv_browser.py", "-k",
-                        "race or demo"], cwd=REPO, env={**os.environ, "KVSERVE_ARTIFACTS": folder}, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "tests/server/test_kv_browser.py", "-k", "race or demo"],
+            cwd=REPO,
+            env={**os.environ, "KVSERVE_ARTIFACTS": folder},
+            check=True,
+        )
         for name in KV_SCREENSHOTS:
             shutil.copy(Path(folder) / "playground" / name, out / name)
     print(f"wrote {', '.join(str(out / name) for name in KV_SCREENSHOTS)}")

@@ -1,4 +1,5 @@
 """`python -m loadtest` (console script `kvserve-loadtest`)."""
+
 import sys
 
 from loadtest.client import main

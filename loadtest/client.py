@@ -34,6 +34,7 @@ Every run stops issuing at `--num-requests` or `--duration`, whichever comes fir
 cancels what is still in flight at duration + `--request-timeout`; `--timeout` bounds the whole
 tool. Only the address given by `--url` is contacted; proxy environment variables are ignored.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -92,8 +93,9 @@ def _error_from_body(record: RequestRecord, status: int, raw: bytes) -> None:
     record.error_type = payload.get("error_type") or f"http_{status}"
 
 
-async def stream_one(client: aiohttp.ClientSession, url: str, prompt: str, params: RequestParams,
-                     record: RequestRecord) -> RequestRecord:
+async def stream_one(
+    client: aiohttp.ClientSession, url: str, prompt: str, params: RequestParams, record: RequestRecord
+) -> RequestRecord:
     """Sends one request and fills `record` as events arrive (so a cancelled request keeps its partial record)."""
     seen_indices: set[int] = set()
     try:
@@ -140,11 +142,15 @@ def make_client(request_timeout: float) -> aiohttp.ClientSession:
     """aiohttp rather than httpx: its C parser and line reader take a third of the CPU per streamed token
     or less (BENCHMARKS.md, section 17), which matters when the tool shares the server's cores. Proxy
     variables are ignored (aiohttp reads them only with trust_env=True)."""
-    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=request_timeout),
-                                 connector=aiohttp.TCPConnector(limit=0), read_bufsize=1 << 20)
+    return aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=request_timeout),
+        connector=aiohttp.TCPConnector(limit=0),
+        read_bufsize=1 << 20,
+    )
 
 
 # ---------------------------------------------------------------- one run: closed or open loop
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -156,9 +162,14 @@ class Workload:
     seed: int = 0
 
 
-async def run_workload(url: str, prompts: list[str], params: RequestParams, workload: Workload,
-                       on_done: Callable[[RequestRecord], None] | None = None,
-                       deadline: float | None = None) -> tuple[list[RequestRecord], float]:
+async def run_workload(
+    url: str,
+    prompts: list[str],
+    params: RequestParams,
+    workload: Workload,
+    on_done: Callable[[RequestRecord], None] | None = None,
+    deadline: float | None = None,
+) -> tuple[list[RequestRecord], float]:
     """Runs one closed- or open-loop run. Returns every issued request's record and the wall time."""
     records: list[RequestRecord] = []
     begin = time.perf_counter()
@@ -226,6 +237,7 @@ async def probe(url: str, prompt: str, params: RequestParams, timeout_s: float) 
 
 # ---------------------------------------------------------------- a whole load test
 
+
 @dataclass(frozen=True)
 class LoadTestConfig:
     url: str = DEFAULT_URL
@@ -245,19 +257,34 @@ class LoadTestConfig:
 def run_labels(config: LoadTestConfig) -> list[dict]:
     """The runs in order: each level with every cache mode side by side."""
     levels = [{"concurrency": None, "request_rate": r} for r in config.request_rates] or [
-        {"concurrency": c, "request_rate": None} for c in config.concurrency]
-    return [{**level, "cache_mode": mode,
-             "label": (f"c={level['concurrency']}" if level["concurrency"] else f"rate={level['request_rate']:g}/s")
-             + f" {mode}"} for level in levels for mode in config.cache_modes]
+        {"concurrency": c, "request_rate": None} for c in config.concurrency
+    ]
+    return [
+        {
+            **level,
+            "cache_mode": mode,
+            "label": (f"c={level['concurrency']}" if level["concurrency"] else f"rate={level['request_rate']:g}/s")
+            + f" {mode}",
+        }
+        for level in levels
+        for mode in config.cache_modes
+    ]
 
 
-async def run_load_test(config: LoadTestConfig, prompts: list[str],
-                        on_run_start: Callable[[str, int], None] | None = None,
-                        on_done: Callable[[RequestRecord], None] | None = None) -> dict:
+async def run_load_test(
+    config: LoadTestConfig,
+    prompts: list[str],
+    on_run_start: Callable[[str, int], None] | None = None,
+    on_done: Callable[[RequestRecord], None] | None = None,
+) -> dict:
     """Probes the server, then runs every level and cache mode. Returns the JSON-ready report."""
     deadline = time.perf_counter() + config.timeout_s
-    params = RequestParams(max_new_tokens=config.max_new_tokens, cache_mode=config.cache_modes[0],
-                           ignore_eos=config.ignore_eos, temperature=config.temperature)
+    params = RequestParams(
+        max_new_tokens=config.max_new_tokens,
+        cache_mode=config.cache_modes[0],
+        ignore_eos=config.ignore_eos,
+        temperature=config.temperature,
+    )
     params, server_notes = await probe(config.url, prompts[0], params, config.request_timeout_s)
     for mode in config.cache_modes[1:]:
         await probe(config.url, prompts[0], replace(params, cache_mode=mode), config.request_timeout_s)
@@ -266,35 +293,63 @@ async def run_load_test(config: LoadTestConfig, prompts: list[str],
         if time.perf_counter() >= deadline:
             skipped.append(labels["label"])
             continue
-        workload = Workload(concurrency=labels["concurrency"], request_rate=labels["request_rate"],
-                            num_requests=config.num_requests, duration_s=config.duration_s,
-                            request_timeout_s=config.request_timeout_s, seed=config.seed)
+        workload = Workload(
+            concurrency=labels["concurrency"],
+            request_rate=labels["request_rate"],
+            num_requests=config.num_requests,
+            duration_s=config.duration_s,
+            request_timeout_s=config.request_timeout_s,
+            seed=config.seed,
+        )
         if on_run_start:
             on_run_start(labels["label"], config.num_requests)
         async with make_client(config.request_timeout_s) as client:
             before = await scrape_steps(client, config.url)
-        records, wall_s = await run_workload(config.url, prompts, replace(params, cache_mode=labels["cache_mode"]),
-                                             workload, on_done, deadline)
+        records, wall_s = await run_workload(
+            config.url, prompts, replace(params, cache_mode=labels["cache_mode"]), workload, on_done, deadline
+        )
         async with make_client(config.request_timeout_s) as client:
             after = await scrape_steps(client, config.url)
         runs.append({**summarize(records, wall_s, **labels), "server_steps": steps_between(before, after)})
     ratios = []
     for faster, slower in (("kv", "off"), ("prefix", "off"), ("prefix", "kv")):
         for a in (r for r in runs if r["cache_mode"] == faster):
-            b = next((r for r in runs if r["cache_mode"] == slower and r["concurrency"] == a["concurrency"]
-                      and r["request_rate"] == a["request_rate"]), None)
+            b = next(
+                (
+                    r
+                    for r in runs
+                    if r["cache_mode"] == slower
+                    and r["concurrency"] == a["concurrency"]
+                    and r["request_rate"] == a["request_rate"]
+                ),
+                None,
+            )
             if b is not None:
-                ratios.append({"concurrency": a["concurrency"], "request_rate": a["request_rate"],
-                               "numerator": faster, "denominator": slower, "ratio": cache_ratio(a, b)})
-    return {"config": asdict(config), "server": server_notes, "runs": runs, "cache_ratios": ratios,
-            "skipped_runs_at_timeout": skipped}
+                ratios.append(
+                    {
+                        "concurrency": a["concurrency"],
+                        "request_rate": a["request_rate"],
+                        "numerator": faster,
+                        "denominator": slower,
+                        "ratio": cache_ratio(a, b),
+                    }
+                )
+    return {
+        "config": asdict(config),
+        "server": server_notes,
+        "runs": runs,
+        "cache_ratios": ratios,
+        "skipped_runs_at_timeout": skipped,
+    }
 
 
 # ---------------------------------------------------------------- command line
 
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m loadtest", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--url", default=DEFAULT_URL, help="the server to test (nothing else is contacted)")
     ap.add_argument("--concurrency", default="1", help="closed-loop levels, comma-separated, e.g. 1,4,16,32")
     ap.add_argument("--request-rate", default=None, help="open loop: Poisson arrivals per second (comma list ok)")
@@ -305,23 +360,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--prompts-file", default=None, help="JSON list of strings, or one prompt per line (used as is)")
-    ap.add_argument("--tokenizer", default=None,
-                    help="checkpoint dir whose tokenizer.json cuts prompts to exact token counts "
-                         "(default: the default checkpoint's if present, else approximate by words)")
+    ap.add_argument(
+        "--tokenizer",
+        default=None,
+        help="checkpoint dir whose tokenizer.json cuts prompts to exact token counts "
+        "(default: the default checkpoint's if present, else approximate by words)",
+    )
     ap.add_argument("--num-prompts", type=int, default=64, help="distinct prompts cut from the corpus")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--no-ignore-eos", action="store_true", help="let requests end at EOS")
     cache = ap.add_mutually_exclusive_group()
-    cache.add_argument("--cache-modes", default="prefix",
-                       help="comma-separated, run side by side: off (use_cache false), kv (the KV cache, a fresh "
-                            "cache_salt per request), prefix (KV cache and prefix caching, the server's default)")
+    cache.add_argument(
+        "--cache-modes",
+        default="prefix",
+        help="comma-separated, run side by side: off (use_cache false), kv (the KV cache, a fresh "
+        "cache_salt per request), prefix (KV cache and prefix caching, the server's default)",
+    )
     cache.add_argument("--compare-cache", action="store_true", help="all three modes: --cache-modes prefix,kv,off")
     cache.add_argument("--no-cache", action="store_true", help="send use_cache=false (--cache-modes off)")
-    ap.add_argument("--shared-prefix-tokens", type=int, default=0,
-                    help="the same passage of this many tokens in front of every prompt")
-    ap.add_argument("--tenants", type=int, default=0,
-                    help="K shared prefixes (--shared-prefix-tokens each, 256 by default), one drawn per prompt: "
-                         "the workload for KV-aware routing over replicas (python -m server.cluster)")
+    ap.add_argument(
+        "--shared-prefix-tokens",
+        type=int,
+        default=0,
+        help="the same passage of this many tokens in front of every prompt",
+    )
+    ap.add_argument(
+        "--tenants",
+        type=int,
+        default=0,
+        help="K shared prefixes (--shared-prefix-tokens each, 256 by default), one drawn per prompt: "
+        "the workload for KV-aware routing over replicas (python -m server.cluster)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--plot-dir", default=None)
@@ -347,9 +416,15 @@ def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
         concurrency=tuple(int(c) for c in args.concurrency.split(",")),
         request_rates=tuple(float(r) for r in args.request_rate.split(",")) if args.request_rate else (),
         cache_modes=cache_modes(args),
-        num_requests=args.num_requests, duration_s=args.duration, request_timeout_s=args.request_timeout,
-        timeout_s=args.timeout, max_new_tokens=args.max_new_tokens, ignore_eos=not args.no_ignore_eos,
-        temperature=args.temperature, seed=args.seed)
+        num_requests=args.num_requests,
+        duration_s=args.duration,
+        request_timeout_s=args.request_timeout,
+        timeout_s=args.timeout,
+        max_new_tokens=args.max_new_tokens,
+        ignore_eos=not args.no_ignore_eos,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -363,12 +438,20 @@ def main(argv: list[str] | None = None) -> int:
         print("error: concurrency, request rate and --num-requests must be positive", file=sys.stderr)
         return 2
     console = Console(stderr=True)
-    prompts, prompt_note = load_prompts(args.num_prompts, args.prompt_tokens, args.prompts_file, args.tokenizer,
-                                        args.seed, args.shared_prefix_tokens, args.tenants)
+    prompts, prompt_note = load_prompts(
+        args.num_prompts,
+        args.prompt_tokens,
+        args.prompts_file,
+        args.tokenizer,
+        args.seed,
+        args.shared_prefix_tokens,
+        args.tenants,
+    )
     try:
         with progress_bar(console, disabled=args.quiet) as (on_run_start, on_done):
-            report = asyncio.run(asyncio.wait_for(run_load_test(config, prompts, on_run_start, on_done),
-                                                  config.timeout_s + 30))
+            report = asyncio.run(
+                asyncio.wait_for(run_load_test(config, prompts, on_run_start, on_done), config.timeout_s + 30)
+            )
     except (ConnectionError, asyncio.TimeoutError) as e:
         print(f"error: {e or 'the load test ran past --timeout'}", file=sys.stderr)
         return 2
@@ -376,8 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     for table in render_tables(report):
         Console().print(table)
     if not report["server"]["ignore_eos_supported"]:
-        console.print("[yellow]the server rejected ignore_eos: requests may end early at EOS; "
-                      "token counts above are the actual ones[/yellow]")
+        console.print(
+            "[yellow]the server rejected ignore_eos: requests may end early at EOS; "
+            "token counts above are the actual ones[/yellow]"
+        )
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")

@@ -1,5 +1,6 @@
 """Prompts for a load test: cut from the Shakespeare corpus (or a built-in passage) to a token length,
 or read from a file, optionally behind one shared prefix."""
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,9 @@ def build_prompts(texts: list[str], count: int, prompt_tokens: int, tokenizer=No
         text = text * math.ceil(2 * window / len(text)) if len(text) < 2 * window else text
         start = rng.randrange(len(text) - window)
         start = text.find("\n", start, start + window // 2) + 1 or start
-        chunk = text[start:start + window]
+        chunk = text[start : start + window]
         if tokenizer is None:
-            prompts.append(" ".join(chunk.split()[:max(1, round(prompt_tokens * WORDS_PER_TOKEN))]))
+            prompts.append(" ".join(chunk.split()[: max(1, round(prompt_tokens * WORDS_PER_TOKEN))]))
             continue
         ids = tokenizer.encode(chunk)[:prompt_tokens]
         while len(tokenizer.encode(tokenizer.decode(ids))) > prompt_tokens:  # re-encoding can merge differently
@@ -54,8 +55,15 @@ def read_prompts_file(path: str | Path) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def load_prompts(count: int, prompt_tokens: int, prompts_file: str | None, tokenizer_dir: str | None,
-                 seed: int = 0, shared_prefix_tokens: int = 0, tenants: int = 0) -> tuple[list[str], dict]:
+def load_prompts(
+    count: int,
+    prompt_tokens: int,
+    prompts_file: str | None,
+    tokenizer_dir: str | None,
+    seed: int = 0,
+    shared_prefix_tokens: int = 0,
+    tenants: int = 0,
+) -> tuple[list[str], dict]:
     """Prompts and a note on where they came from (and their token counts, when a tokenizer is known).
     With `shared_prefix_tokens`, one passage of that many tokens (ending at a line break, so it
     tokenizes the same in front of any prompt) comes first in every prompt. With `tenants` K, there are
@@ -73,15 +81,22 @@ def load_prompts(count: int, prompt_tokens: int, prompts_file: str | None, token
         source = "built-in passage" if texts == [BUILTIN_PASSAGE] else str(DEFAULT_DATA_DIR)
     if tenants:
         shared_prefix_tokens = shared_prefix_tokens or 256
-        prefixes = [p + "\n" for p in build_prompts(default_corpus(), tenants, shared_prefix_tokens - 1, tokenizer,
-                                                     seed=10**6 + 1)]
+        prefixes = [
+            p + "\n"
+            for p in build_prompts(default_corpus(), tenants, shared_prefix_tokens - 1, tokenizer, seed=10**6 + 1)
+        ]
         rng = random.Random(seed + 7)
         prompts = [rng.choice(prefixes) + p for p in prompts]
     elif shared_prefix_tokens:
         prefix = build_prompts(default_corpus(), 1, shared_prefix_tokens - 1, tokenizer, seed=10**6)[0] + "\n"
         prompts = [prefix + p for p in prompts]
-    note = {"source": source, "count": len(prompts), "tokenizer": str(tokenizer_path) if tokenizer else None,
-            "shared_prefix_tokens": shared_prefix_tokens, "tenants": tenants}
+    note = {
+        "source": source,
+        "count": len(prompts),
+        "tokenizer": str(tokenizer_path) if tokenizer else None,
+        "shared_prefix_tokens": shared_prefix_tokens,
+        "tenants": tenants,
+    }
     if tokenizer is not None:
         lengths = [len(tokenizer.encode(p)) for p in prompts]
         note.update(tokens_min=min(lengths), tokens_max=max(lengths), tokens_mean=sum(lengths) / len(lengths))

@@ -2,6 +2,7 @@
 
 The metric definitions are in `loadtest.client`'s docstring.
 """
+
 from __future__ import annotations
 
 import math
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # ---------------------------------------------------------------- what one request saw, and metrics
+
 
 @dataclass
 class RequestRecord:
@@ -63,8 +65,13 @@ def percentile(values: list[float], q: float) -> float:
 def distribution(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"mean": None, "p50": None, "p90": None, "p99": None, "count": 0}
-    return {"mean": sum(values) / len(values), "p50": percentile(values, 50), "p90": percentile(values, 90),
-            "p99": percentile(values, 99), "count": len(values)}
+    return {
+        "mean": sum(values) / len(values),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "count": len(values),
+    }
 
 
 def itl_by_token_index(records: list[RequestRecord]) -> list[float]:
@@ -88,9 +95,12 @@ def speculation(ok: list[RequestRecord]) -> dict:
     generated = sum(r.server_generated_tokens or 0 for r in ok)
     drafted = sum(r.draft_tokens or 0 for r in ok)
     accepted = sum(r.accepted_draft_tokens or 0 for r in ok)
-    return {"draft_tokens": drafted, "accepted_draft_tokens": accepted,
-            "draft_acceptance_rate": accepted / drafted if drafted else None,
-            "tokens_per_step": generated / (generated - accepted) if generated > accepted else None}
+    return {
+        "draft_tokens": drafted,
+        "accepted_draft_tokens": accepted,
+        "draft_acceptance_rate": accepted / drafted if drafted else None,
+        "tokens_per_step": generated / (generated - accepted) if generated > accepted else None,
+    }
 
 
 def summarize(records: list[RequestRecord], wall_s: float, **labels) -> dict:
@@ -119,10 +129,20 @@ def summarize(records: list[RequestRecord], wall_s: float, **labels) -> dict:
         "itl_s": distribution([gap for r in ok for gap in r.itls()]),
         "e2e_s": distribution([r.e2e for r in ok]),
         "itl_by_token_index_s": itl_by_token_index(ok),
-        "requests": [{"ok": r.ok, "ttft_s": r.ttft, "e2e_s": r.e2e, "output_tokens": r.output_tokens,
-                      "server_generated_tokens": r.server_generated_tokens, "cached_tokens": r.cached_tokens,
-                      "finish_reason": r.finish_reason,
-                      "error_type": r.error_type, "error": r.error} for r in records],
+        "requests": [
+            {
+                "ok": r.ok,
+                "ttft_s": r.ttft,
+                "e2e_s": r.e2e,
+                "output_tokens": r.output_tokens,
+                "server_generated_tokens": r.server_generated_tokens,
+                "cached_tokens": r.cached_tokens,
+                "finish_reason": r.finish_reason,
+                "error_type": r.error_type,
+                "error": r.error,
+            }
+            for r in records
+        ],
     }
 
 
@@ -132,6 +152,7 @@ RATIO_KEYS = ("output_tokens_per_s", "requests_per_s", "ttft_s", "tpot_s", "itl_
 def cache_ratio(cache_on: dict, cache_off: dict) -> dict:
     """One run over another (a cache mode over a slower one) for every throughput number and latency
     statistic: above 1 is a gain for throughputs, below 1 for latencies."""
+
     def ratio(a, b):
         return a / b if a is not None and b else None
 
@@ -147,23 +168,39 @@ def cache_ratio(cache_on: dict, cache_off: dict) -> dict:
 
 # ---------------------------------------------------------------- terminal
 
-LATENCIES = (("TTFT", "ttft_s", "ms", 1e3), ("TPOT", "tpot_s", "ms", 1e3), ("ITL", "itl_s", "ms", 1e3),
-             ("E2E", "e2e_s", "s", 1.0))
+LATENCIES = (
+    ("TTFT", "ttft_s", "ms", 1e3),
+    ("TPOT", "tpot_s", "ms", 1e3),
+    ("ITL", "itl_s", "ms", 1e3),
+    ("E2E", "e2e_s", "s", 1.0),
+)
 # (row name, summary key, statistic or None, display scale)
-TABLE_ROWS = [("requests ok", "requests_ok", None, 1), ("requests failed", "requests_failed", None, 1),
-              ("output tokens", "output_tokens", None, 1), ("wall time (s)", "wall_s", None, 1),
-              ("output tokens/s", "output_tokens_per_s", None, 1), ("requests/s", "requests_per_s", None, 1),
-              ("prefix-cache hit rate", "prefix_cache_hit_rate", None, 1),
-              ("draft acceptance rate", "draft_acceptance_rate", None, 1),
-              ("tokens per step", "tokens_per_step", None, 1)] + [
-    (f"{name} {stat} ({unit})", key, stat, scale)
-    for name, key, unit, scale in LATENCIES for stat in ("mean", "p50", "p90", "p99")] + [
-    # beside the ITL: the server's step budget in force during the run and what its steps were ('-': not said)
-    ("step target (ms; - = off)", "server_steps", "target_step_ms", 1),
-    ("step token cap", "server_steps", "max_batched_tokens", 1),
-    ("server step mean (ms)", "server_steps", "mean_step_ms", 1),
-    ("decode tokens / step", "server_steps", "decode_tokens_per_step", 1),
-    ("prompt tokens / step", "server_steps", "prompt_tokens_per_step", 1)]
+TABLE_ROWS = (
+    [
+        ("requests ok", "requests_ok", None, 1),
+        ("requests failed", "requests_failed", None, 1),
+        ("output tokens", "output_tokens", None, 1),
+        ("wall time (s)", "wall_s", None, 1),
+        ("output tokens/s", "output_tokens_per_s", None, 1),
+        ("requests/s", "requests_per_s", None, 1),
+        ("prefix-cache hit rate", "prefix_cache_hit_rate", None, 1),
+        ("draft acceptance rate", "draft_acceptance_rate", None, 1),
+        ("tokens per step", "tokens_per_step", None, 1),
+    ]
+    + [
+        (f"{name} {stat} ({unit})", key, stat, scale)
+        for name, key, unit, scale in LATENCIES
+        for stat in ("mean", "p50", "p90", "p99")
+    ]
+    + [
+        # beside the ITL: the server's step budget in force during the run and what its steps were ('-': not said)
+        ("step target (ms; - = off)", "server_steps", "target_step_ms", 1),
+        ("step token cap", "server_steps", "max_batched_tokens", 1),
+        ("server step mean (ms)", "server_steps", "mean_step_ms", 1),
+        ("decode tokens / step", "server_steps", "decode_tokens_per_step", 1),
+        ("prompt tokens / step", "server_steps", "prompt_tokens_per_step", 1),
+    ]
+)
 
 
 def _cell(summary: dict, key: str, stat: str | None, scale: float) -> float | None:
@@ -195,8 +232,13 @@ def render_tables(report: dict) -> list:
         for header, _, _ in columns:
             t.add_column(header, justify="right")
         for name, key, stat, scale in TABLE_ROWS:
-            t.add_row(name, *(_format(_cell(values, key, stat, 1 if is_ratio else scale), is_ratio)
-                              for _, values, is_ratio in columns))
+            t.add_row(
+                name,
+                *(
+                    _format(_cell(values, key, stat, 1 if is_ratio else scale), is_ratio)
+                    for _, values, is_ratio in columns
+                ),
+            )
         return t
 
     tables, levels = [], []
@@ -217,8 +259,14 @@ def progress_bar(console, disabled: bool = False):
     """Yields (on_run_start(label, total), on_done(record)) hooks that drive a rich progress bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=console, disable=disabled)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=disabled,
+    )
     current = []
 
     def on_run_start(label: str, total: int) -> None:
@@ -233,6 +281,7 @@ def progress_bar(console, disabled: bool = False):
 
 # ---------------------------------------------------------------- plots
 
+
 def write_plots(report: dict, plot_dir: str | Path) -> list[Path]:
     """throughput_latency.png (against concurrency or rate) and itl_by_token_index.png."""
     import matplotlib
@@ -246,12 +295,18 @@ def write_plots(report: dict, plot_dir: str | Path) -> list[Path]:
     x_key = "request_rate" if any(r["request_rate"] for r in runs) else "concurrency"
     x_label = "request rate (requests/s)" if x_key == "request_rate" else "concurrent clients"
     modes = [m for m in MODE_NAMES if any(r["cache_mode"] == m for r in runs)]
-    style = {mode: dict(color=color, label=MODE_NAMES[mode])
-             for mode, color in (("prefix", "tab:green"), ("kv", "tab:blue"), ("off", "tab:red"))}
+    style = {
+        mode: dict(color=color, label=MODE_NAMES[mode])
+        for mode, color in (("prefix", "tab:green"), ("kv", "tab:blue"), ("off", "tab:red"))
+    }
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    panels = [("output_tokens_per_s", None, "output tokens/s"), ("requests_per_s", None, "requests/s"),
-              ("ttft_s", "p50", "TTFT (ms), p50 solid, p90 dashed"), ("tpot_s", "p50", "TPOT (ms), p50 solid, p90 dashed")]
+    panels = [
+        ("output_tokens_per_s", None, "output tokens/s"),
+        ("requests_per_s", None, "requests/s"),
+        ("ttft_s", "p50", "TTFT (ms), p50 solid, p90 dashed"),
+        ("tpot_s", "p50", "TPOT (ms), p50 solid, p90 dashed"),
+    ]
     for ax, (key, stat, title) in zip(axes.flat, panels):
         for mode in modes:
             mode_runs = sorted((r for r in runs if r["cache_mode"] == mode), key=lambda r: r[x_key])
@@ -259,8 +314,9 @@ def write_plots(report: dict, plot_dir: str | Path) -> list[Path]:
             scale = 1e3 if stat else 1.0
             ax.plot(xs, [_cell(r, key, stat, scale) for r in mode_runs], marker="o", **style[mode])
             if stat:
-                ax.plot(xs, [_cell(r, key, "p90", scale) for r in mode_runs], linestyle="--",
-                        color=style[mode]["color"])
+                ax.plot(
+                    xs, [_cell(r, key, "p90", scale) for r in mode_runs], linestyle="--", color=style[mode]["color"]
+                )
         if x_key == "concurrency" and len({r[x_key] for r in runs}) > 2:
             ax.set_xscale("log", base=2)
         ax.set_xticks(sorted({r[x_key] for r in runs}), [f"{x:g}" for x in sorted({r[x_key] for r in runs})])

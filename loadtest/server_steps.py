@@ -1,6 +1,7 @@
 """What a kvserve server says of its steps, read from its /metrics before and after a run: the step
 budget in force (`--target-step-ms`, `--max-num-batched-tokens`) and the steps the run took. A server
 without these metrics (a peer) gives None, and the report shows '-'."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,9 +35,14 @@ def parse_steps(text: str) -> StepScrape | None:
             metric += "." + name.split('kind="', 1)[1].split('"', 1)[0]
         values[metric] = float(value)
     try:
-        return StepScrape(values["step_budget_target_seconds"], values["step_budget_max_batched_tokens"],
-                          values["step_duration_seconds_count"], values["step_duration_seconds_sum"],
-                          values["step_tokens_sum.decode"], values["step_tokens_sum.prompt"])
+        return StepScrape(
+            values["step_budget_target_seconds"],
+            values["step_budget_max_batched_tokens"],
+            values["step_duration_seconds_count"],
+            values["step_duration_seconds_sum"],
+            values["step_tokens_sum.decode"],
+            values["step_tokens_sum.prompt"],
+        )
     except KeyError:
         return None
 
@@ -55,13 +61,22 @@ async def scrape_steps(client: aiohttp.ClientSession, url: str) -> StepScrape | 
 def steps_between(before: StepScrape | None, after: StepScrape | None) -> dict:
     """The budget in force during a run and what its steps were, for the report (None where unknown)."""
     if before is None or after is None:
-        return {"target_step_ms": None, "max_batched_tokens": None, "steps": None, "mean_step_ms": None,
-                "decode_tokens_per_step": None, "prompt_tokens_per_step": None}
+        return {
+            "target_step_ms": None,
+            "max_batched_tokens": None,
+            "steps": None,
+            "mean_step_ms": None,
+            "decode_tokens_per_step": None,
+            "prompt_tokens_per_step": None,
+        }
     steps = after.steps - before.steps
     per_step = (lambda total: total / steps) if steps else (lambda total: None)
     mean = per_step(after.step_seconds - before.step_seconds)
-    return {"target_step_ms": after.target_step_s * 1e3 if after.target_step_s else None,
-            "max_batched_tokens": int(after.max_batched_tokens), "steps": int(steps),
-            "mean_step_ms": None if mean is None else mean * 1e3,
-            "decode_tokens_per_step": per_step(after.decode_tokens - before.decode_tokens),
-            "prompt_tokens_per_step": per_step(after.prompt_tokens - before.prompt_tokens)}
+    return {
+        "target_step_ms": after.target_step_s * 1e3 if after.target_step_s else None,
+        "max_batched_tokens": int(after.max_batched_tokens),
+        "steps": int(steps),
+        "mean_step_ms": None if mean is None else mean * 1e3,
+        "decode_tokens_per_step": per_step(after.decode_tokens - before.decode_tokens),
+        "prompt_tokens_per_step": per_step(after.prompt_tokens - before.prompt_tokens),
+    }

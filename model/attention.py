@@ -1,4 +1,5 @@
 """Attention weights for inspection: which earlier tokens each token attended to, per layer and head."""
+
 from __future__ import annotations
 
 import torch

@@ -2,6 +2,7 @@
 
 The same layout `transformers`' `save_pretrained` writes for GPT-2, so directories load both ways.
 """
+
 from __future__ import annotations
 
 import json

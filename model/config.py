@@ -1,5 +1,6 @@
 """Model configuration: a dataclass that reads and writes Hugging Face GPT-2's `config.json` keys, and the
 check that a prompt fits the model (its context and vocabulary)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,12 +34,16 @@ def check_prompt(prompt_ids: list[int], max_new_tokens: int, context: int, vocab
     if bad:
         raise PromptError(f"token ids out of range [0, {vocab_size}): {bad[:5]}")
     if len(prompt_ids) >= context:
-        raise ContextLengthError(f"the prompt has {len(prompt_ids)} tokens; the context holds {context}, "
-                                 f"so it must be shorter than that (the model's maximum context length is "
-                                 f"{context} tokens)")
+        raise ContextLengthError(
+            f"the prompt has {len(prompt_ids)} tokens; the context holds {context}, "
+            f"so it must be shorter than that (the model's maximum context length is "
+            f"{context} tokens)"
+        )
     if len(prompt_ids) + max_new_tokens > context:
-        raise ContextLengthError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "
-                                 f"exceeds the context of {context} tokens (the model's maximum context length)")
+        raise ContextLengthError(
+            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "
+            f"exceeds the context of {context} tokens (the model's maximum context length)"
+        )
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,7 @@ class GPTConfig:
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
-    def replace(self, **changes) -> "GPTConfig":
+    def replace(self, **changes) -> GPTConfig:
         return dataclasses.replace(self, **changes)
 
     def to_hf_dict(self) -> dict:
@@ -94,7 +99,7 @@ class GPTConfig:
         }
 
     @classmethod
-    def from_hf_dict(cls, d: dict) -> "GPTConfig":
+    def from_hf_dict(cls, d: dict) -> GPTConfig:
         archs = d.get("architectures") or ["GPT2LMHeadModel"]
         if d.get("model_type", "gpt2") != "gpt2" or not set(archs) & set(SUPPORTED_ARCHITECTURES):
             raise ConfigError(
@@ -129,7 +134,7 @@ class GPTConfig:
         Path(path).write_text(json.dumps(self.to_hf_dict(), indent=2) + "\n")
 
     @classmethod
-    def load(cls, path: str | Path) -> "GPTConfig":
+    def load(cls, path: str | Path) -> GPTConfig:
         try:
             d = json.loads(Path(path).read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

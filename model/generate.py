@@ -3,6 +3,7 @@
 Each step is one `GPT.forward_step` over a `StepBatch`, the same call the serving engine batches;
 here the sequence owns a small paged cache of its own, blocks 0, 1, 2, ... in order.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,9 @@ from model.tokenizer import Tokenizer
 BLOCK_SIZE = 16
 
 
-def sequence_cache(model: GPT, length: int, block_size: int = BLOCK_SIZE,
-                   dtype: torch.dtype | None = None) -> tuple[PagedKVCache, list[int]]:
+def sequence_cache(
+    model: GPT, length: int, block_size: int = BLOCK_SIZE, dtype: torch.dtype | None = None
+) -> tuple[PagedKVCache, list[int]]:
     """A cache for one sequence of up to `length` tokens (in the model's dtype, or `dtype`), and its block table."""
     blocks = -(-length // block_size)
     cache = PagedKVCache(model.config, blocks, block_size, dtype=dtype or model.dtype, device=model.device)
@@ -58,8 +60,9 @@ class Step:
     finish_reason: str | None  # 'length', 'eos', 'stop' on the last step
 
 
-def generate(model: GPT, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams,
-             use_cache: bool = True) -> Iterator[Step]:
+def generate(
+    model: GPT, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams, use_cache: bool = True
+) -> Iterator[Step]:
     """Yields one Step per generated token."""
     device = model.device
     ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -70,8 +73,11 @@ def generate(model: GPT, tokenizer: Tokenizer, prompt: str | list[int], params: 
     output = OutputText(tokenizer, params)
     num_prompt = len(ids)
     while True:
-        penalties = Penalties.for_sequence(params, ids, num_prompt, model.config.vocab_size, device) \
-            if params.penalized else None
+        penalties = (
+            Penalties.for_sequence(params, ids, num_prompt, model.config.vocab_size, device)
+            if params.penalized
+            else None
+        )
         batch = SamplingBatch.from_params([params], [seed], [output.num_tokens], device, penalties)
         token, logprob = sample(logits, batch)
         token_id = int(token[0])
@@ -98,17 +104,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--stop", action="append", default=[])
     ap.add_argument("--no-cache", action="store_true", help="recompute the whole sequence at every step")
-    ap.add_argument("--kernels", default="auto", choices=["auto", "exact", "stock"],
-                    help="exact: our bit-exact CPU kernels; stock: torch's (default: exact where they run)")
+    ap.add_argument(
+        "--kernels",
+        default="auto",
+        choices=["auto", "exact", "stock"],
+        help="exact: our bit-exact CPU kernels; stock: torch's (default: exact where they run)",
+    )
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args(argv)
     device = resolve_device(args.device)
     model = load_model(args.checkpoint, device=device, dtype=resolve_dtype(args.dtype), kernels=args.kernels)
     tokenizer = load_tokenizer(args.checkpoint)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
-                            stop=tuple(args.stop))
+    params = SamplingParams(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=tuple(args.stop),
+    )
     start, n, reason = time.perf_counter(), 0, None
     try:
         for step in generate(model, tokenizer, args.prompt, params, use_cache=not args.no_cache):
@@ -120,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     elapsed = time.perf_counter() - start
     sys.stdout.write("\n")
-    print(f"[{n} tokens in {elapsed:.2f}s, {n / elapsed:.1f} tok/s, finish={reason}, "
-          f"cache={'off' if args.no_cache else 'on'}, device={device}, kernels={model.kernels}]", file=sys.stderr)
+    print(
+        f"[{n} tokens in {elapsed:.2f}s, {n / elapsed:.1f} tok/s, finish={reason}, "
+        f"cache={'off' if args.no_cache else 'on'}, device={device}, kernels={model.kernels}]",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -13,6 +13,7 @@ Two forwards over the same parameters:
   (model/kernels: the exact C++ kernels in one call, or torch's op by op through the `forward_step`
   methods below).
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,15 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
 
-    def infer(self, x: torch.Tensor, epilogue: int = EPILOGUE_NONE, residual: torch.Tensor | None = None, *,
-              norm: nn.LayerNorm | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    def infer(
+        self,
+        x: torch.Tensor,
+        epilogue: int = EPILOGUE_NONE,
+        residual: torch.Tensor | None = None,
+        *,
+        norm: nn.LayerNorm | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """x: (N, in). Returns epilogue(norm(x) @ W + b): (N, out), written to `out` if given (which may
         be `residual`: x += ...), through torch's kernels (the stock backend's step)."""
         return kernels.stock.linear(x, self.weight, self.bias, epilogue, residual, norm, out)
@@ -166,7 +174,7 @@ class GPT(nn.Module):
         """How the inference path's product weights are stored: None (the model's dtype) or 'int8'."""
         return getattr(self.backend, "quantization", None)
 
-    def prepare_for_inference(self, kernels_name: str = "auto", quantization: str | None = None) -> "GPT":
+    def prepare_for_inference(self, kernels_name: str = "auto", quantization: str | None = None) -> GPT:
         """Eval mode, and the inference path's kernel backend, chosen once: 'auto' (exact where they
         run: model.kernels.kernels_for), 'exact' or 'stock'; quantization='int8' for int8 weights (made
         here from the float32 ones). The exact kernels read weights packed once here; call again after

@@ -5,6 +5,7 @@ A sequence's keys and values live in the blocks its block table lists, in order:
 block `table[p // block_size]` at offset `p % block_size`. Which blocks a sequence holds is the
 engine's business (server/engine/block_manager.py); this module only stores them.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -52,8 +53,10 @@ def resolve_kv_cache_dtype(name: str | None, model_dtype: torch.dtype) -> torch.
     if dtype is None:
         raise ValueError(f"kv cache dtype must be auto, float32 or bfloat16, got {name!r}")
     if dtype != model_dtype and (model_dtype, dtype) != (torch.float32, torch.bfloat16):
-        raise ValueError(f"a {name} KV cache under a {str(model_dtype).removeprefix('torch.')} model: the cache "
-                         f"holds the model's dtype, or bfloat16 under float32")
+        raise ValueError(
+            f"a {name} KV cache under a {str(model_dtype).removeprefix('torch.')} model: the cache "
+            f"holds the model's dtype, or bfloat16 under float32"
+        )
     return dtype
 
 
@@ -73,8 +76,9 @@ def zeros_in_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torc
         start = -(-t.data_ptr() // HUGE_PAGE) * HUGE_PAGE
         end = (t.data_ptr() + t.numel() * t.element_size()) // HUGE_PAGE * HUGE_PAGE
         try:
-            ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start),
-                                                      _MADV_HUGEPAGE)
+            ctypes.CDLL(None, use_errno=True).madvise(
+                ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_HUGEPAGE
+            )
         except (OSError, AttributeError):
             pass  # only a hint
     return t.zero_()
@@ -98,16 +102,27 @@ class StepBatch:
     max_query_len: int  # the longest run of new tokens of one sequence (sizes the stock attention's padding)
     max_seq_len: int  # the largest seq_lens entry
 
-    def trimmed(self) -> "StepBatch":
+    def trimmed(self) -> StepBatch:
         """The same step with tensors of exactly its sizes (views)."""
         N, S = self.num_tokens, self.num_seqs
-        return StepBatch(self.token_ids[:N], self.positions[:N], self.slot_mapping[:N], self.query_start[:S + 1],
-                         self.seq_lens[:S], self.block_tables, self.seq_rows[:S], N, S, self.max_query_len,
-                         self.max_seq_len)
+        return StepBatch(
+            self.token_ids[:N],
+            self.positions[:N],
+            self.slot_mapping[:N],
+            self.query_start[: S + 1],
+            self.seq_lens[:S],
+            self.block_tables,
+            self.seq_rows[:S],
+            N,
+            S,
+            self.max_query_len,
+            self.max_seq_len,
+        )
 
     @classmethod
-    def build(cls, sequences: list[tuple[list[int], int, list[int]]], block_size: int,
-              device: torch.device | str = "cpu") -> "StepBatch":
+    def build(
+        cls, sequences: list[tuple[list[int], int, list[int]]], block_size: int, device: torch.device | str = "cpu"
+    ) -> StepBatch:
         """A step from plain lists, one entry per sequence: (its new token ids, the position of the
         first, its block table). For generate() and tests; the engine fills preallocated buffers."""
         ids, positions, slots, starts, lens = [], [], [], [0], []
@@ -120,12 +135,20 @@ class StepBatch:
             slots += [blocks[p // block_size] * block_size + p % block_size for p in span]
             starts.append(starts[-1] + len(tokens))
             lens.append(start + len(tokens))
-            tables[row, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-        return cls(torch.tensor(ids, device=device), torch.tensor(positions, device=device),
-                   torch.tensor(slots, device=device), torch.tensor(starts, dtype=torch.int32, device=device),
-                   torch.tensor(lens, dtype=torch.int32, device=device), tables.to(device),
-                   torch.arange(len(sequences), dtype=torch.int32, device=device), len(ids), len(sequences),
-                   max(len(t) for t, _, _ in sequences), max(lens))
+            tables[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        return cls(
+            torch.tensor(ids, device=device),
+            torch.tensor(positions, device=device),
+            torch.tensor(slots, device=device),
+            torch.tensor(starts, dtype=torch.int32, device=device),
+            torch.tensor(lens, dtype=torch.int32, device=device),
+            tables.to(device),
+            torch.arange(len(sequences), dtype=torch.int32, device=device),
+            len(ids),
+            len(sequences),
+            max(len(t) for t, _, _ in sequences),
+            max(lens),
+        )
 
 
 class PagedKVCache:
@@ -134,8 +157,15 @@ class PagedKVCache:
     are stored transposed, [head_dim][block_size], and its values [block_size][head_dim]
     (model/kernels/csrc/attention.cpp says why)."""
 
-    def __init__(self, config: GPTConfig, num_blocks: int, block_size: int = 16, *,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        config: GPTConfig,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         if block_size <= 0:
@@ -145,8 +175,14 @@ class PagedKVCache:
         shape = (num_blocks, 2, config.n_head, block_size * config.head_dim)
         # One tensor per layer: each layer's attention writes and reads its own, in place.
         self.layers = [zeros_in_huge_pages(shape, dtype, device) for _ in range(config.n_layer)]
-        log.info("KV cache: %d blocks of %d tokens, %d tokens in all (%.1f MiB, %s)", num_blocks, block_size,
-                 num_blocks * block_size, self.total_bytes() / 2**20, str(dtype).removeprefix("torch."))
+        log.info(
+            "KV cache: %d blocks of %d tokens, %d tokens in all (%.1f MiB, %s)",
+            num_blocks,
+            block_size,
+            num_blocks * block_size,
+            self.total_bytes() / 2**20,
+            str(dtype).removeprefix("torch."),
+        )
 
     @staticmethod
     def bytes_per_token(config: GPTConfig, dtype: torch.dtype) -> int:
@@ -159,8 +195,14 @@ class PagedKVCache:
         return cls.bytes_per_token(config, dtype) * block_size
 
     @classmethod
-    def blocks_for_memory(cls, config: GPTConfig, memory_bytes: int | None, block_size: int, dtype: torch.dtype,
-                          device: torch.device | str = "cpu") -> int:
+    def blocks_for_memory(
+        cls,
+        config: GPTConfig,
+        memory_bytes: int | None,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> int:
         """Blocks that fit in memory_bytes; None: the default size, auto_kv_cache_bytes."""
         if memory_bytes is None:
             memory_bytes = auto_kv_cache_bytes(config, dtype, device)
@@ -172,9 +214,11 @@ class PagedKVCache:
         longest = -(-config.n_positions // block_size)
         if num_blocks < longest:
             per_block = cls.bytes_per_block(config, block_size, dtype)
-            raise ValueError(f"the KV cache holds {num_blocks} blocks of {block_size} tokens ({num_blocks * per_block} "
-                             f"bytes), fewer than one {config.n_positions}-token sequence needs ({longest} blocks, "
-                             f"{longest * per_block} bytes): raise --kv-cache-memory")
+            raise ValueError(
+                f"the KV cache holds {num_blocks} blocks of {block_size} tokens ({num_blocks * per_block} "
+                f"bytes), fewer than one {config.n_positions}-token sequence needs ({longest} blocks, "
+                f"{longest * per_block} bytes): raise --kv-cache-memory"
+            )
 
     @property
     def dtype(self) -> torch.dtype:

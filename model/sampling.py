@@ -7,6 +7,7 @@ take the argmax; sampled rows divide by the temperature, keep their top-k / nucl
 inverse CDF with one uniform draw u = splitmix64(seed, index) / 2^64. The reported logprob is the
 chosen token's under the model's unmodified distribution.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,19 +49,28 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         checks = [
-            ("max_new_tokens", self.max_new_tokens >= 1 or (self.max_new_tokens == 0 and self.prompt_logprobs is not None),
-             "must be >= 1 (0 only when scoring the prompt)"),
+            (
+                "max_new_tokens",
+                self.max_new_tokens >= 1 or (self.max_new_tokens == 0 and self.prompt_logprobs is not None),
+                "must be >= 1 (0 only when scoring the prompt)",
+            ),
             ("presence_penalty", math.isfinite(self.presence_penalty), "must be finite"),
             ("frequency_penalty", math.isfinite(self.frequency_penalty), "must be finite"),
             ("logit_bias", all(math.isfinite(b) for _, b in self.logit_bias), "values must be finite"),
             ("logprobs", 0 <= self.logprobs <= MAX_LOGPROBS, f"must be in [0, {MAX_LOGPROBS}]"),
-            ("prompt_logprobs", self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
-             f"must be in [0, {MAX_LOGPROBS}]"),
+            (
+                "prompt_logprobs",
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+                f"must be in [0, {MAX_LOGPROBS}]",
+            ),
             ("temperature", math.isfinite(self.temperature) and self.temperature >= 0, "must be finite and >= 0"),
             ("top_k", self.top_k >= 0, "must be >= 0"),
             ("top_p", math.isfinite(self.top_p) and 0 < self.top_p <= 1, "must be in (0, 1]"),
-            ("repetition_penalty", math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
-             "must be finite and > 0"),
+            (
+                "repetition_penalty",
+                math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
+                "must be finite and > 0",
+            ),
             ("seed", self.seed is None or 0 <= self.seed < 2**64, "must be in [0, 2**64)"),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "entries must be non-empty strings"),
         ]
@@ -75,8 +85,12 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         """Whether its logits are changed before the pick (so the greedy fast path cannot pick for it)."""
-        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or bool(self.logit_bias))
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or bool(self.logit_bias)
+        )
 
 
 def resolve_seed(seed: int | None) -> int:
@@ -118,22 +132,30 @@ class SamplingBatch:
     uniform: torch.Tensor  # (R,) float64, each row's draw for the token it samples now
     sampled_rows: torch.Tensor | None  # (s,) int64 rows that sample; None: every row is greedy
     filtered: bool  # some sampled row has top_k or top_p on
-    penalties: "Penalties | None" = None  # None: no row has one
+    penalties: Penalties | None = None  # None: no row has one
 
     @classmethod
-    def from_params(cls, params: list[SamplingParams], seeds: list[int], indices: list[int],
-                    device: torch.device | str = "cpu", penalties: "Penalties | None" = None) -> "SamplingBatch":
+    def from_params(
+        cls,
+        params: list[SamplingParams],
+        seeds: list[int],
+        indices: list[int],
+        device: torch.device | str = "cpu",
+        penalties: Penalties | None = None,
+    ) -> SamplingBatch:
         """From per-row params (the engine fills preallocated tensors instead; generate() and tests use this)."""
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         return cls(
             temperature=torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device),
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
             top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-            uniform=torch.from_numpy(uniform_draws(np.array(seeds, dtype=np.uint64),
-                                                   np.array(indices, dtype=np.uint64))).to(device),
+            uniform=torch.from_numpy(
+                uniform_draws(np.array(seeds, dtype=np.uint64), np.array(indices, dtype=np.uint64))
+            ).to(device),
             sampled_rows=torch.tensor(sampled, dtype=torch.long, device=device) if sampled else None,
             filtered=any(0 < params[i].top_k or params[i].top_p < 1 for i in sampled),
-            penalties=penalties if any(p.penalized for p in params) else None)
+            penalties=penalties if any(p.penalized for p in params) else None,
+        )
 
 
 @dataclass
@@ -154,19 +176,32 @@ class Penalties:
         return scores + self.bias if self.bias is not None else scores
 
     @classmethod
-    def for_sequence(cls, params: SamplingParams, token_ids: list[int], num_prompt: int, vocab_size: int,
-                     device: torch.device | str = "cpu") -> "Penalties":
+    def for_sequence(
+        cls,
+        params: SamplingParams,
+        token_ids: list[int],
+        num_prompt: int,
+        vocab_size: int,
+        device: torch.device | str = "cpu",
+    ) -> Penalties:
         """One row's, from its tokens so far (generate() and tests; the engine keeps them per row)."""
         seen = torch.zeros((1, vocab_size), dtype=torch.bool, device=device)
         seen[0, torch.tensor(token_ids, device=device)] = True
         counts = torch.zeros((1, vocab_size), device=device)
         if len(token_ids) > num_prompt:
-            counts[0].index_add_(0, torch.tensor(token_ids[num_prompt:], device=device),
-                                 torch.ones(len(token_ids) - num_prompt, device=device))
-        return cls(torch.tensor([params.repetition_penalty], device=device),
-                   torch.tensor([params.presence_penalty], device=device),
-                   torch.tensor([params.frequency_penalty], device=device), seen, counts,
-                   bias_rows([params], vocab_size, device))
+            counts[0].index_add_(
+                0,
+                torch.tensor(token_ids[num_prompt:], device=device),
+                torch.ones(len(token_ids) - num_prompt, device=device),
+            )
+        return cls(
+            torch.tensor([params.repetition_penalty], device=device),
+            torch.tensor([params.presence_penalty], device=device),
+            torch.tensor([params.frequency_penalty], device=device),
+            seen,
+            counts,
+            bias_rows([params], vocab_size, device),
+        )
 
 
 def bias_rows(params: list[SamplingParams], vocab_size: int, device: torch.device | str) -> torch.Tensor | None:
@@ -214,8 +249,9 @@ def pick_by_inverse_cdf(logits: torch.Tensor, uniform: torch.Tensor) -> torch.Te
     return torch.where(picked < logits.shape[-1], picked, probs.argmax(dim=-1))  # u*total rounded up to total
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch, logsumexp: torch.Tensor | None = None
-           ) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(
+    logits: torch.Tensor, batch: SamplingBatch, logsumexp: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """logits: (R, V) float32. Returns tokens (R,) int64 and their logprobs (R,) float32 under the
     unmodified distribution. logsumexp: (R,) each row's, if the caller has it already."""
     logits = logits.float()

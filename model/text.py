@@ -1,6 +1,7 @@
 """A generated sequence's text, token by token: streaming detokenization (never a torn character),
 stop strings (found across tokens, never leaked), EOS and max_new_tokens. The plain `generate()`
 and the serving engine's output processor both keep one `OutputText` per sequence."""
+
 from __future__ import annotations
 
 from model.sampling import SamplingParams

@@ -1,4 +1,5 @@
 """Byte-level BPE tokenizer (the `tokenizers` library) and incremental detokenization for streaming."""
+
 from __future__ import annotations
 
 import codecs
@@ -19,8 +20,8 @@ class TokenizerError(ValueError):
 @lru_cache(maxsize=1)
 def _unicode_to_byte() -> dict[str, int]:
     """Inverse of GPT-2's byte-to-printable-character table used by the ByteLevel pre-tokenizer."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1)
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     )
     chars = printable[:]
     extra = 0
@@ -41,9 +42,7 @@ class Tokenizer:
         self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
         eos = hf.token_to_id(EOS_TOKEN)
         self.eos_token_id: int | None = eos
-        self.special_ids = frozenset(
-            i for i, t in hf.get_added_tokens_decoder().items() if t.special
-        )
+        self.special_ids = frozenset(i for i, t in hf.get_added_tokens_decoder().items() if t.special)
         self._token_bytes = [self._bytes_of(i) for i in range(self.vocab_size)]
 
     def _bytes_of(self, token_id: int) -> bytes:
@@ -58,7 +57,7 @@ class Tokenizer:
         return piece.encode("utf-8")  # an added, non-byte-level token
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "Tokenizer":
+    def from_file(cls, path: str | Path) -> Tokenizer:
         return cls(HFTokenizer.from_file(str(path)))
 
     def save(self, path: str | Path) -> None:
@@ -74,9 +73,7 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         ids = list(ids)
         self.check_ids(ids)
-        data = b"".join(
-            self._token_bytes[i] for i in ids if not (skip_special and i in self.special_ids)
-        )
+        data = b"".join(self._token_bytes[i] for i in ids if not (skip_special and i in self.special_ids))
         return data.decode("utf-8", errors="replace")
 
     def check_ids(self, ids: Iterable[int]) -> None:
@@ -84,7 +81,7 @@ class Tokenizer:
             if not 0 <= i < self.vocab_size:
                 raise TokenizerError(f"token id {i} is out of range [0, {self.vocab_size})")
 
-    def stream(self, skip_special: bool = False) -> "StreamDecoder":
+    def stream(self, skip_special: bool = False) -> StreamDecoder:
         return StreamDecoder(self, skip_special)
 
 

@@ -3,6 +3,7 @@
 AdamW, linear warmup then cosine decay, gradient clipping, periodic validation reporting loss and
 bits per byte, resumable from `train_state.pt` in the output directory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from model.checkpoint import TOKENIZER_FILE, save_checkpoint
-from model.config import PRESETS, GPTConfig
+from model.config import PRESETS
 from model.data import download_shakespeare, split_files
 from model.gpt import GPT
 from model.tokenizer import Tokenizer, train_tokenizer
@@ -39,7 +40,9 @@ def lr_at(step: int, max_steps: int, warmup: int, lr: float, min_lr: float) -> f
     return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * progress))
 
 
-def random_batch(data: torch.Tensor, batch_size: int, block: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def random_batch(
+    data: torch.Tensor, batch_size: int, block: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     starts = torch.randint(0, len(data) - block - 1, (batch_size,), generator=gen)  # (B,)
     idx = starts[:, None] + torch.arange(block + 1)  # (B, block + 1), on the CPU like `data` (batches move later)
     window = data[idx]
@@ -47,8 +50,14 @@ def random_batch(data: torch.Tensor, batch_size: int, block: int, gen: torch.Gen
 
 
 @torch.no_grad()
-def evaluate(model: GPT, data: torch.Tensor, token_bytes: torch.Tensor, block: int, batch_size: int,
-             max_batches: int | None = None) -> dict[str, float]:
+def evaluate(
+    model: GPT,
+    data: torch.Tensor,
+    token_bytes: torch.Tensor,
+    block: int,
+    batch_size: int,
+    max_batches: int | None = None,
+) -> dict[str, float]:
     """Mean loss (nats/token) and bits per byte over contiguous windows of `data`."""
     model.eval()
     n_windows = (len(data) - 1) // block
@@ -56,8 +65,9 @@ def evaluate(model: GPT, data: torch.Tensor, token_bytes: torch.Tensor, block: i
         n_windows = min(n_windows, max_batches * batch_size)
     total_nats, total_tokens, total_bytes = 0.0, 0, 0
     for start in range(0, n_windows, batch_size):
-        rows = (torch.arange(start, min(start + batch_size, n_windows), device=data.device)[:, None] * block
-                + torch.arange(block + 1, device=data.device))  # (b, block + 1)
+        rows = torch.arange(start, min(start + batch_size, n_windows), device=data.device)[
+            :, None
+        ] * block + torch.arange(block + 1, device=data.device)  # (b, block + 1)
         window = data[rows]  # (b, block + 1)
         x, y = window[:, :-1], window[:, 1:]
         logits = model(x)  # (b, block, V)
@@ -67,8 +77,12 @@ def evaluate(model: GPT, data: torch.Tensor, token_bytes: torch.Tensor, block: i
         total_bytes += int(token_bytes[y].sum())
     model.train()
     loss = total_nats / total_tokens
-    return {"loss": loss, "bits_per_byte": total_nats / math.log(2) / total_bytes, "tokens": total_tokens,
-            "bytes": total_bytes}
+    return {
+        "loss": loss,
+        "bits_per_byte": total_nats / math.log(2) / total_bytes,
+        "tokens": total_tokens,
+        "bytes": total_bytes,
+    }
 
 
 def parse_args(argv):
@@ -118,8 +132,17 @@ def main(argv: list[str] | None = None) -> dict:
         if not val_files:  # hold out the last file, or the tail of a single file
             train_files, val_files = (train_files[:-1], train_files[-1:]) if len(train_files) > 1 else (train_files, [])
     base = PRESETS[args.preset]
-    overrides = {k: v for k, v in dict(vocab_size=args.vocab_size, n_layer=args.n_layer, n_embd=args.n_embd,
-                                        n_head=args.n_head, n_positions=args.block_size).items() if v is not None}
+    overrides = {
+        k: v
+        for k, v in dict(
+            vocab_size=args.vocab_size,
+            n_layer=args.n_layer,
+            n_embd=args.n_embd,
+            n_head=args.n_head,
+            n_positions=args.block_size,
+        ).items()
+        if v is not None
+    }
     config = base.replace(dropout=args.dropout, **overrides)
 
     state = torch.load(out / STATE_FILE, weights_only=False) if args.resume and (out / STATE_FILE).exists() else None
@@ -129,8 +152,9 @@ def main(argv: list[str] | None = None) -> dict:
         texts = [f.read_text(encoding="utf-8") for f in train_files]
         tokenizer = train_tokenizer(texts, config.vocab_size)
         tokenizer.save(out / TOKENIZER_FILE)
-    config = config.replace(vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id,
-                            bos_token_id=tokenizer.eos_token_id)
+    config = config.replace(
+        vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id
+    )
     train_data = encode_documents(tokenizer, train_files)
     if val_files:
         val_data = encode_documents(tokenizer, val_files)
@@ -144,8 +168,11 @@ def main(argv: list[str] | None = None) -> dict:
     model = GPT(config).to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+    )
     gen = torch.Generator().manual_seed(args.seed)
     step, history, elapsed_before = 0, [], 0.0
     if state is not None:
@@ -153,12 +180,24 @@ def main(argv: list[str] | None = None) -> dict:
         optimizer.load_state_dict(state["optimizer"])
         gen.set_state(state["generator"])
         step, history, elapsed_before = state["step"], state["history"], state["elapsed_s"]
-    print(f"model: {config}\nparameters: {model.num_parameters():,}; train tokens {len(train_data):,}, "
-          f"val tokens {len(val_data):,}; block {block}", file=sys.stderr)
+    print(
+        f"model: {config}\nparameters: {model.num_parameters():,}; train tokens {len(train_data):,}, "
+        f"val tokens {len(val_data):,}; block {block}",
+        file=sys.stderr,
+    )
 
     def save_state(elapsed: float) -> None:
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "generator": gen.get_state(),
-                    "step": step, "history": history, "elapsed_s": elapsed}, out / STATE_FILE)
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "generator": gen.get_state(),
+                "step": step,
+                "history": history,
+                "elapsed_s": elapsed,
+            },
+            out / STATE_FILE,
+        )
 
     start = time.perf_counter()
     bar = tqdm(total=args.max_steps, initial=step, file=sys.stderr, dynamic_ncols=True)
@@ -179,23 +218,48 @@ def main(argv: list[str] | None = None) -> dict:
         bar.update(1)
         bar.set_postfix(loss=f"{train_loss:.3f}")
         if step % args.eval_interval == 0 or step == args.max_steps:
-            val = evaluate(model, val_data.to(device), token_bytes.to(device), block, args.batch_size,
-                           None if step == args.max_steps else args.eval_batches)
+            val = evaluate(
+                model,
+                val_data.to(device),
+                token_bytes.to(device),
+                block,
+                args.batch_size,
+                None if step == args.max_steps else args.eval_batches,
+            )
             elapsed = elapsed_before + time.perf_counter() - start
-            history.append({"step": step, "train_loss": train_loss, "val_loss": val["loss"],
-                            "val_bits_per_byte": val["bits_per_byte"], "elapsed_s": round(elapsed, 1)})
+            history.append(
+                {
+                    "step": step,
+                    "train_loss": train_loss,
+                    "val_loss": val["loss"],
+                    "val_bits_per_byte": val["bits_per_byte"],
+                    "elapsed_s": round(elapsed, 1),
+                }
+            )
             tqdm.write(json.dumps(history[-1]), file=sys.stderr)
             save_state(elapsed)
     bar.close()
     elapsed = elapsed_before + time.perf_counter() - start
     final = evaluate(model, val_data.to(device), token_bytes.to(device), block, args.batch_size)
-    summary = {"config": config.to_hf_dict(), "parameters": model.num_parameters(), "steps": step,
-               "batch_size": args.batch_size, "block_size": block, "train_loss": train_loss,
-               "val_loss": final["loss"], "val_bits_per_byte": final["bits_per_byte"], "val_tokens": final["tokens"],
-               "train_files": [f.name for f in train_files], "val_files": [f.name for f in val_files],
-               "train_tokens": len(train_data), "elapsed_s": round(elapsed, 1), "device": str(device),
-               "threads": torch.get_num_threads(), "history": history,
-               "command_args": " ".join(argv if argv is not None else sys.argv[1:])}
+    summary = {
+        "config": config.to_hf_dict(),
+        "parameters": model.num_parameters(),
+        "steps": step,
+        "batch_size": args.batch_size,
+        "block_size": block,
+        "train_loss": train_loss,
+        "val_loss": final["loss"],
+        "val_bits_per_byte": final["bits_per_byte"],
+        "val_tokens": final["tokens"],
+        "train_files": [f.name for f in train_files],
+        "val_files": [f.name for f in val_files],
+        "train_tokens": len(train_data),
+        "elapsed_s": round(elapsed, 1),
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "history": history,
+        "command_args": " ".join(argv if argv is not None else sys.argv[1:]),
+    }
     save_checkpoint(model, tokenizer, out)
     (out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps({k: summary[k] for k in ("steps", "train_loss", "val_loss", "val_bits_per_byte", "elapsed_s")}))

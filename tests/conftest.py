@@ -5,6 +5,7 @@ The suite runs on the CPU; `KVSERVE_TEST_DEVICE=cuda pytest` runs the same tests
 (bench/gpu_check.sh). The device travels explicitly, through the `device` fixture and TEST_DEVICE,
 never through torch's default device: code that forgets `device=` fails there as it would in production.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,9 @@ from model.tokenizer import train_tokenizer
 TEST_DEVICE = os.environ.get("KVSERVE_TEST_DEVICE", "cpu")
 # Which kernels the suite's models run: the exact ones on a CPU that builds them, else torch's.
 EXACT = kernels.kernels_for(torch.device(TEST_DEVICE), torch.float32) == "exact"
-needs_exact = pytest.mark.skipif(not EXACT, reason=f"the exact kernels do not run here: "
-                                 f"{kernels.unavailable_reason() or TEST_DEVICE}")
+needs_exact = pytest.mark.skipif(
+    not EXACT, reason=f"the exact kernels do not run here: {kernels.unavailable_reason() or TEST_DEVICE}"
+)
 
 TINY_TEXT = (
     "To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer "
@@ -43,12 +45,23 @@ def tiny_tokenizer():
 
 @pytest.fixture(scope="session")
 def tiny_config(tiny_tokenizer) -> GPTConfig:
-    return GPTConfig(vocab_size=tiny_tokenizer.vocab_size, n_positions=128, n_embd=32, n_layer=2, n_head=4,
-                     eos_token_id=tiny_tokenizer.eos_token_id)
+    return GPTConfig(
+        vocab_size=tiny_tokenizer.vocab_size,
+        n_positions=128,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        eos_token_id=tiny_tokenizer.eos_token_id,
+    )
 
 
-def random_model(config: GPTConfig, seed: int = 0, device: str | torch.device = TEST_DEVICE,
-                 dtype: torch.dtype = torch.float32, kernels_name: str = "auto") -> GPT:
+def random_model(
+    config: GPTConfig,
+    seed: int = 0,
+    device: str | torch.device = TEST_DEVICE,
+    dtype: torch.dtype = torch.float32,
+    kernels_name: str = "auto",
+) -> GPT:
     torch.manual_seed(seed)
     return GPT(config).to(device=device, dtype=dtype).prepare_for_inference(kernels_name)
 

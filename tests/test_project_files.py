@@ -1,5 +1,6 @@
 """The files a new user meets before any code runs: the Makefile's torch index, the README's commands,
 the package metadata (issue 23, items 7 and 9)."""
+
 from __future__ import annotations
 
 import re
@@ -16,9 +17,11 @@ ROOT = Path(__file__).parents[1]
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_takes_a_torch_index_and_passes_none_by_default():
     def torch_line(*assignments: str) -> str:
-        out = subprocess.run(["make", "-n", "-B", "install", *assignments], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout
+        out = subprocess.run(
+            ["make", "-n", "-B", "install", *assignments], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
         return next(line for line in out.splitlines() if '"torch==' in line)
+
     assert "--index-url" not in torch_line()
     cpu = "https://download.pytorch.org/whl/cpu"
     assert torch_line(f"TORCH_INDEX={cpu}").endswith(f'--index-url "{cpu}"')
@@ -33,11 +36,13 @@ def test_the_readme_never_pipes_into_a_bare_python():
 def test_building_the_package_metadata_raises_no_setuptools_warning(tmp_path):
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     shutil.copy(ROOT / "README.md", tmp_path)
-    script = ("import warnings\nfrom setuptools import build_meta\n"
-              "with warnings.catch_warnings(record=True) as caught:\n"
-              "    warnings.simplefilter('always')\n"
-              "    build_meta.prepare_metadata_for_build_wheel('meta')\n"
-              "print('WARNINGS:', [str(w.message).splitlines()[0] for w in caught])\n")
+    script = (
+        "import warnings\nfrom setuptools import build_meta\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    build_meta.prepare_metadata_for_build_wheel('meta')\n"
+        "print('WARNINGS:', [str(w.message).splitlines()[0] for w in caught])\n"
+    )
     (tmp_path / "meta").mkdir()
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

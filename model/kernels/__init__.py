@@ -13,16 +13,34 @@
 `choose_backend(model, name)` builds one; `kernels_for(device, dtype)` says which runs where, and
 `KVSERVE_KERNELS=stock` forces the stock kernels everywhere.
 """
+
 from __future__ import annotations
 
 from model.kernels import stock
 from model.kernels.backend import KernelBackend
-from model.kernels.exact import (GROUP, STRIP, ExactBackend, PackedNorm, PackedWeight, embed, exact_attention_supported,
-                                 greedy, linear, paged_attention)
+from model.kernels.exact import (
+    GROUP,
+    STRIP,
+    ExactBackend,
+    PackedNorm,
+    PackedWeight,
+    embed,
+    exact_attention_supported,
+    greedy,
+    linear,
+    paged_attention,
+)
 from model.kernels.int8 import QUANTIZATIONS, Int8Backend, int8_unavailable_reason
 from model.kernels.interface import EPILOGUE_GELU, EPILOGUE_NONE, EPILOGUE_RESIDUAL
-from model.kernels.library import (configured_spin_us, kernels_for, num_threads, set_num_threads, set_spin_us, spin_us,
-                                   unavailable_reason)
+from model.kernels.library import (
+    configured_spin_us,
+    kernels_for,
+    num_threads,
+    set_num_threads,
+    set_spin_us,
+    spin_us,
+    unavailable_reason,
+)
 from model.kernels.stock import StockBackend
 
 KERNEL_CHOICES = ("auto", "exact", "stock")
@@ -47,13 +65,40 @@ def choose_backend(model, name: str = "auto", quantization: str | None = None) -
     choice = runs_here if name == "auto" else name
     if choice == "exact" and runs_here != "exact":
         why = unavailable_reason() or "they need a CPU, float32 or bfloat16, and a head_dim of 8, 16, 32, 64 or 128"
-        raise RuntimeError(f"the exact kernels do not run here ({model.device}, {model.dtype}, head_dim "
-                           f"{model.config.head_dim}): {why}")
+        raise RuntimeError(
+            f"the exact kernels do not run here ({model.device}, {model.dtype}, head_dim "
+            f"{model.config.head_dim}): {why}"
+        )
     return ExactBackend(model) if choice == "exact" else StockBackend(model)
 
 
-__all__ = ["EPILOGUE_GELU", "EPILOGUE_NONE", "EPILOGUE_RESIDUAL", "GROUP", "KERNEL_CHOICES", "QUANTIZATIONS",
-           "STRIP", "ExactBackend", "Int8Backend", "KernelBackend", "PackedNorm", "PackedWeight", "StockBackend",
-           "choose_backend", "configured_spin_us", "embed", "exact_attention_supported", "greedy", "int8_unavailable_reason",
-           "kernels_for", "linear", "num_threads", "paged_attention", "set_num_threads", "set_spin_us", "spin_us", "stock",
-           "unavailable_reason"]
+__all__ = [
+    "EPILOGUE_GELU",
+    "EPILOGUE_NONE",
+    "EPILOGUE_RESIDUAL",
+    "GROUP",
+    "KERNEL_CHOICES",
+    "QUANTIZATIONS",
+    "STRIP",
+    "ExactBackend",
+    "Int8Backend",
+    "KernelBackend",
+    "PackedNorm",
+    "PackedWeight",
+    "StockBackend",
+    "choose_backend",
+    "configured_spin_us",
+    "embed",
+    "exact_attention_supported",
+    "greedy",
+    "int8_unavailable_reason",
+    "kernels_for",
+    "linear",
+    "num_threads",
+    "paged_attention",
+    "set_num_threads",
+    "set_spin_us",
+    "spin_us",
+    "stock",
+    "unavailable_reason",
+]

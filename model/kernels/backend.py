@@ -4,6 +4,7 @@
 fit the same two calls) and `GPT.forward_step` / `GPT.compute_logits` hand each step to it, so no
 other code asks which kernels run.
 """
+
 from __future__ import annotations
 
 import torch

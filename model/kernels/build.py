@@ -6,6 +6,7 @@ The library is plain C++ with no torch or Python headers, so it builds in second
 into a temporary file then renamed, so processes that build at once do not clash. The functions'
 ctypes come from their one declaration, csrc/api.h (interface.py).
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -4,6 +4,7 @@ Every output element is reduced in one fixed order that depends only on the leng
 reduction, so a token's logits do not depend on how many rows share its step, where its row sits,
 whether its keys came from a prefix-cache hit, or whether it was decoded or recomputed.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -14,8 +15,17 @@ from dataclasses import dataclass
 import torch
 
 from model.kernels.backend import KernelBackend
-from model.kernels.interface import (DTYPE_BF16, DTYPE_BF16_F32, DTYPE_F32, EPILOGUE_NONE, FEATURE_AVX512BF16,
-                                     STRUCTS, WEIGHT_BF16, WEIGHT_BF16_PAIRS, WEIGHT_F32)
+from model.kernels.interface import (
+    DTYPE_BF16,
+    DTYPE_BF16_F32,
+    DTYPE_F32,
+    EPILOGUE_NONE,
+    FEATURE_AVX512BF16,
+    STRUCTS,
+    WEIGHT_BF16,
+    WEIGHT_BF16_PAIRS,
+    WEIGHT_F32,
+)
 from model.kernels.library import handle
 
 GROUP = 64  # output columns per packed weight group: one task of csrc/linear.cpp
@@ -50,12 +60,18 @@ class PackedWeight:
     offset: torch.Tensor | None = None  # int8: (groups * GROUP,) int32, 128 times each column's sum
 
     def __post_init__(self) -> None:
-        self.struct = STRUCTS["kv_weight"](self.format, self.n_in, self.n_out, self.weight.data_ptr(),
-                                           self.bias.data_ptr(), self.scale.data_ptr() if self.scale is not None
-                                           else None, self.offset.data_ptr() if self.offset is not None else None)
+        self.struct = STRUCTS["kv_weight"](
+            self.format,
+            self.n_in,
+            self.n_out,
+            self.weight.data_ptr(),
+            self.bias.data_ptr(),
+            self.scale.data_ptr() if self.scale is not None else None,
+            self.offset.data_ptr() if self.offset is not None else None,
+        )
 
     @classmethod
-    def pack(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "PackedWeight":
+    def pack(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
         """weight: (in, out), GPT-2's Conv1D layout (for the tied head, the embedding transposed).
         bfloat16 weights go in pairs of k (WEIGHT_BF16_PAIRS) where the library has AVX512-BF16."""
         n_in, n_out = weight.shape
@@ -90,13 +106,20 @@ class PackedNorm:
     eps: float
 
     @classmethod
-    def pack(cls, norm: torch.nn.LayerNorm) -> "PackedNorm":
+    def pack(cls, norm: torch.nn.LayerNorm) -> PackedNorm:
         return cls(torch.stack([norm.weight.detach().float(), norm.bias.detach().float()]).contiguous(), norm.eps)
 
 
-def linear(x: torch.Tensor, w: PackedWeight, epilogue: int = EPILOGUE_NONE, residual: torch.Tensor | None = None,
-           *, norm: PackedNorm | None = None, out: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    w: PackedWeight,
+    epilogue: int = EPILOGUE_NONE,
+    residual: torch.Tensor | None = None,
+    *,
+    norm: PackedNorm | None = None,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """epilogue(norm(x) @ W + b) through csrc/linear.cpp. x: (N, in) contiguous, in the weights' dtype
     (float32 for int8 weights).
     norm: a layer norm applied to each row of x first. epilogue: EPILOGUE_NONE, EPILOGUE_GELU (tanh
@@ -110,9 +133,18 @@ def linear(x: torch.Tensor, w: PackedWeight, epilogue: int = EPILOGUE_NONE, resi
     rows = x.shape[0]
     y = torch.empty((rows, w.n_out), dtype=out_dtype, device=x.device) if out is None else out
     ln = norm.params.data_ptr() if norm is not None else None
-    failed = handle().kv_linear(ctypes.byref(w.struct), code, x.contiguous().data_ptr(), rows, y.data_ptr(), epilogue,
-                                residual.data_ptr() if residual is not None else None, ln,
-                                ln + 4 * w.n_in if ln is not None else None, norm.eps if norm is not None else 0.0)
+    failed = handle().kv_linear(
+        ctypes.byref(w.struct),
+        code,
+        x.contiguous().data_ptr(),
+        rows,
+        y.data_ptr(),
+        epilogue,
+        residual.data_ptr() if residual is not None else None,
+        ln,
+        ln + 4 * w.n_in if ln is not None else None,
+        norm.eps if norm is not None else 0.0,
+    )
     if failed:
         raise TypeError(f"linear: activations {x.dtype} and weights of format {w.format} do not go together here")
     return y
@@ -122,8 +154,16 @@ def embed(token_ids: torch.Tensor, positions: torch.Tensor, wte: torch.Tensor, w
     """wte[token_ids] + wpe[positions]: (N, C), through csrc/embedding.cpp."""
     n, C = token_ids.shape[0], wte.shape[1]
     out = torch.empty((n, C), dtype=wte.dtype, device=wte.device)
-    handle().kv_embed(_DTYPE_CODE[wte.dtype], token_ids.data_ptr(), positions.data_ptr(), n, wte.data_ptr(),
-                      wpe.data_ptr(), C, out.data_ptr())
+    handle().kv_embed(
+        _DTYPE_CODE[wte.dtype],
+        token_ids.data_ptr(),
+        positions.data_ptr(),
+        n,
+        wte.data_ptr(),
+        wpe.data_ptr(),
+        C,
+        out.data_ptr(),
+    )
     return out
 
 
@@ -131,8 +171,9 @@ def greedy(logits: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
     """Per row of float32 (R, V) logits: out (R, >= 3) float64 gets the first index of the largest logit,
     its logprob and 1 if the row is finite; lse (R,) float32 gets log(sum(exp)). Each row in one fixed
     order (csrc/sampling.cpp)."""
-    handle().kv_greedy(logits.data_ptr(), logits.shape[0], logits.shape[1], out.data_ptr(), out.stride(0),
-                       lse.data_ptr())
+    handle().kv_greedy(
+        logits.data_ptr(), logits.shape[0], logits.shape[1], out.data_ptr(), out.stride(0), lse.data_ptr()
+    )
 
 
 def paged_attention(qkv: torch.Tensor, cache_layer: torch.Tensor, step, n_head: int, block_size: int) -> torch.Tensor:
@@ -144,13 +185,29 @@ def paged_attention(qkv: torch.Tensor, cache_layer: torch.Tensor, step, n_head: 
     head_dim = C // n_head
     out = torch.empty((N, C), dtype=qkv.dtype, device=qkv.device)
     failed = handle().kv_paged_attention(
-        _DTYPE_CODE[qkv.dtype], _DTYPE_CODE[cache_layer.dtype], qkv.data_ptr(), N, n_head, head_dim,
-        cache_layer.data_ptr(), block_size, step.slot_mapping.data_ptr(), step.num_seqs, step.query_start.data_ptr(),
-        step.seq_lens.data_ptr(), step.block_tables.data_ptr(), step.block_tables.stride(0), step.seq_rows.data_ptr(),
-        1.0 / math.sqrt(head_dim), out.data_ptr())
+        _DTYPE_CODE[qkv.dtype],
+        _DTYPE_CODE[cache_layer.dtype],
+        qkv.data_ptr(),
+        N,
+        n_head,
+        head_dim,
+        cache_layer.data_ptr(),
+        block_size,
+        step.slot_mapping.data_ptr(),
+        step.num_seqs,
+        step.query_start.data_ptr(),
+        step.seq_lens.data_ptr(),
+        step.block_tables.data_ptr(),
+        step.block_tables.stride(0),
+        step.seq_rows.data_ptr(),
+        1.0 / math.sqrt(head_dim),
+        out.data_ptr(),
+    )
     if failed:
-        raise ValueError(f"paged_attention: activations {qkv.dtype} over a {cache_layer.dtype} cache, head_dim "
-                         f"{head_dim}, block size {block_size}: not a combination the kernels have")
+        raise ValueError(
+            f"paged_attention: activations {qkv.dtype} over a {cache_layer.dtype} cache, head_dim "
+            f"{head_dim}, block size {block_size}: not a combination the kernels have"
+        )
     return out
 
 
@@ -171,20 +228,37 @@ class ExactBackend(KernelBackend):
         self.n_embd, self.n_head, self.dtype = model.config.n_embd, model.config.n_head, model.dtype
         self.ln_f = PackedNorm.pack(t.ln_f)
         self.head = self.pack(t.wte.weight.t())  # the tied embedding as the head's (C, V) weight
-        blocks = [dict(ln_1=PackedNorm.pack(b.ln_1), c_attn=self.pack(b.attn.c_attn.weight, b.attn.c_attn.bias),
-                       attn_proj=self.pack(b.attn.c_proj.weight, b.attn.c_proj.bias),
-                       ln_2=PackedNorm.pack(b.ln_2), c_fc=self.pack(b.mlp.c_fc.weight, b.mlp.c_fc.bias),
-                       mlp_proj=self.pack(b.mlp.c_proj.weight, b.mlp.c_proj.bias)) for b in t.h]
+        blocks = [
+            dict(
+                ln_1=PackedNorm.pack(b.ln_1),
+                c_attn=self.pack(b.attn.c_attn.weight, b.attn.c_attn.bias),
+                attn_proj=self.pack(b.attn.c_proj.weight, b.attn.c_proj.bias),
+                ln_2=PackedNorm.pack(b.ln_2),
+                c_fc=self.pack(b.mlp.c_fc.weight, b.mlp.c_fc.bias),
+                mlp_proj=self.pack(b.mlp.c_proj.weight, b.mlp.c_proj.bias),
+            )
+            for b in t.h
+        ]
         layers = (STRUCTS["kv_layer"] * len(blocks))()
         for layer, block in zip(layers, blocks):
             for name, packed in block.items():
                 setattr(layer, name, packed.params.data_ptr() if isinstance(packed, PackedNorm) else packed.struct)
         wte, wpe = t.wte.weight.detach(), t.wpe.weight.detach()
         self._keep = (wte, wpe, blocks, layers)  # what the struct points to
-        self.weight_bytes = self.head.nbytes + sum(p.nbytes for b in blocks for p in b.values()
-                                                   if isinstance(p, PackedWeight))
-        self.struct = STRUCTS["kv_model"](_DTYPE_CODE[self.dtype], _DTYPE_CODE[self.dtype], len(blocks), self.n_embd, self.n_head,
-                                          model.config.layer_norm_epsilon, wte.data_ptr(), wpe.data_ptr(), layers)
+        self.weight_bytes = self.head.nbytes + sum(
+            p.nbytes for b in blocks for p in b.values() if isinstance(p, PackedWeight)
+        )
+        self.struct = STRUCTS["kv_model"](
+            _DTYPE_CODE[self.dtype],
+            _DTYPE_CODE[self.dtype],
+            len(blocks),
+            self.n_embd,
+            self.n_head,
+            model.config.layer_norm_epsilon,
+            wte.data_ptr(),
+            wpe.data_ptr(),
+            layers,
+        )
         self._cache: weakref.ref | None = None  # the cache whose layer addresses `_pointers` holds
         self._pointers = None
 
@@ -200,16 +274,29 @@ class ExactBackend(KernelBackend):
     def forward_step(self, step, cache) -> torch.Tensor:
         N = step.num_tokens
         x = torch.empty((N, self.n_embd), dtype=self.dtype, device=step.token_ids.device)  # (N, C)
-        failed = handle().kv_forward(ctypes.byref(self.struct), self._layer_pointers(cache), cache.block_size,
-                                     step.token_ids.data_ptr(), step.positions.data_ptr(), N,
-                                     step.slot_mapping.data_ptr(), step.num_seqs, step.query_start.data_ptr(),
-                                     step.seq_lens.data_ptr(), step.block_tables.data_ptr(),
-                                     step.block_tables.stride(0), step.seq_rows.data_ptr(), x.data_ptr())
+        failed = handle().kv_forward(
+            ctypes.byref(self.struct),
+            self._layer_pointers(cache),
+            cache.block_size,
+            step.token_ids.data_ptr(),
+            step.positions.data_ptr(),
+            N,
+            step.slot_mapping.data_ptr(),
+            step.num_seqs,
+            step.query_start.data_ptr(),
+            step.seq_lens.data_ptr(),
+            step.block_tables.data_ptr(),
+            step.block_tables.stride(0),
+            step.seq_rows.data_ptr(),
+            x.data_ptr(),
+        )
         if failed:  # checked here, not before every step: the kernels refuse what they lack
             head_dim = self.n_embd // self.n_head
             if not exact_attention_supported(head_dim, cache.block_size):
-                raise ValueError(f"the exact attention needs head_dim and block_size multiples of 8, got "
-                                 f"{head_dim} and {cache.block_size}")
+                raise ValueError(
+                    f"the exact attention needs head_dim and block_size multiples of 8, got "
+                    f"{head_dim} and {cache.block_size}"
+                )
             raise RuntimeError("the exact forward refused its arguments (a dtype, head_dim or block size it lacks)")
         return x
 

@@ -7,6 +7,7 @@ the kernel, per token row, by that row's own max |x|, so they stay row-local: a 
 depend on the batch, and cached equals uncached bit for bit, as with the float kernels. Embeddings,
 layer norms, attention and the KV cache stay float32.
 """
+
 from __future__ import annotations
 
 import torch
@@ -60,7 +61,7 @@ def dequantize(packed: PackedWeight) -> torch.Tensor:
     """The float32 (in, out) weight an int8 PackedWeight stands for: W8 * scale (for tests and quality)."""
     groups, strips, quads, strip, four = packed.weight.shape
     q = packed.weight.permute(2, 4, 0, 1, 3).reshape(quads * four, groups * strips * strip)  # (in padded, out padded)
-    return (q.float() * packed.scale)[:packed.n_in, :packed.n_out]
+    return (q.float() * packed.scale)[: packed.n_in, : packed.n_out]
 
 
 class Int8Backend(ExactBackend):
@@ -70,8 +71,10 @@ class Int8Backend(ExactBackend):
 
     def __init__(self, model) -> None:
         if model.dtype != torch.float32 or model.device.type != "cpu":
-            raise ValueError(f"int8 weights are quantized from a float32 model on the CPU, got {model.dtype} on "
-                             f"{model.device} (use --dtype float32)")
+            raise ValueError(
+                f"int8 weights are quantized from a float32 model on the CPU, got {model.dtype} on "
+                f"{model.device} (use --dtype float32)"
+            )
         why = int8_unavailable_reason()
         if why is not None:
             raise RuntimeError(f"the int8 kernels do not run here: {why}")

@@ -4,6 +4,7 @@ its enums, the ctypes argument and result types of its functions, and ctypes mir
 Pure Python (no compiler needed), so the stock kernels can share the constants on a machine where
 the library cannot be built.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -55,10 +56,11 @@ def _parse(text: str):
     structs: dict[str, type] = {}
     for name, body in re.findall(r"struct\s+(\w+)\s*\{(.*?)\};", text, re.S):
         fields = [_split_declarator(line) for line in body.split(";") if line.strip()]
-        structs[name] = type(name, (ctypes.Structure,),
-                             {"_fields_": [(field, _ctype(ctype, structs)) for ctype, field in fields]})
+        structs[name] = type(
+            name, (ctypes.Structure,), {"_fields_": [(field, _ctype(ctype, structs)) for ctype, field in fields]}
+        )
     functions = {}
-    extern = text[text.index('extern "C"'):]
+    extern = text[text.index('extern "C"') :]
     for result, name, params in re.findall(r"([\w\s*]+?)\s*\b(kv_\w+)\(([^)]*)\);", extern):
         args = [_ctype(_split_declarator(p)[0], structs) for p in params.split(",") if p.strip()]
         functions[name] = (args, _ctype(result))

@@ -1,4 +1,5 @@
 """The compiled library, loaded once per process, and its thread pool's controls."""
+
 from __future__ import annotations
 
 import logging
@@ -32,9 +33,12 @@ def handle():
                 _lib = lib
             except KernelBuildError as e:
                 _unavailable = str(e)
-                log.warning("exact kernels unavailable, using torch's kernels instead: cached and uncached logits "
-                            "then agree within 1e-4 in float32, not bit for bit (README.md, 'What identical "
-                            "means'). Reason: %s", e)
+                log.warning(
+                    "exact kernels unavailable, using torch's kernels instead: cached and uncached logits "
+                    "then agree within 1e-4 in float32, not bit for bit (README.md, 'What identical "
+                    "means'). Reason: %s",
+                    e,
+                )
     return _lib
 
 

@@ -2,6 +2,7 @@
 exact kernels. Same interface and cache layout as the exact ones (model/kernels/exact.py), with a
 tolerance instead of bit-identity: torch's products and attention add in orders that depend on the
 batch's shape."""
+
 from __future__ import annotations
 
 import torch
@@ -32,9 +33,15 @@ class StockBackend(KernelBackend):
         return F.linear(t.ln_f(hidden), t.wte.weight).float()  # (R, V)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, epilogue: int = EPILOGUE_NONE,
-           residual: torch.Tensor | None = None, norm: torch.nn.LayerNorm | None = None,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    epilogue: int = EPILOGUE_NONE,
+    residual: torch.Tensor | None = None,
+    norm: torch.nn.LayerNorm | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """x: (N, in), weight: (in, out). norm, epilogue and out as in model.kernels.exact.linear."""
     if norm is not None:
         x = norm(x)
@@ -49,8 +56,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, epi
     return y
 
 
-def write_cache(k: torch.Tensor, v: torch.Tensor, cache_layer: torch.Tensor, slot_mapping: torch.Tensor,
-                block_size: int) -> None:
+def write_cache(
+    k: torch.Tensor, v: torch.Tensor, cache_layer: torch.Tensor, slot_mapping: torch.Tensor, block_size: int
+) -> None:
     """k, v: (N, nh, hd) written to their slots in place (keys transposed within a block)."""
     nb, _, nh, _ = cache_layer.shape
     hd = k.shape[-1]
@@ -88,8 +96,9 @@ def paged_attention(qkv: torch.Tensor, cache_layer: torch.Tensor, step, n_head: 
     queries = queries.view(S, Q, n_head, hd).transpose(1, 2)  # (S, nh, Q, hd)
     visible = padded_visibility(starts, step.seq_lens.long(), Q, K)  # (S, Q, K)
     mask = torch.zeros(visible.shape, dtype=qkv.dtype, device=qkv.device).masked_fill_(~visible, float("-inf"))
-    out = F.scaled_dot_product_attention(queries, keys.to(qkv.dtype), values.to(qkv.dtype),
-                                         attn_mask=mask[:, None])  # (S, nh, Q, hd)
+    out = F.scaled_dot_product_attention(
+        queries, keys.to(qkv.dtype), values.to(qkv.dtype), attn_mask=mask[:, None]
+    )  # (S, nh, Q, hd)
     return out.transpose(1, 2).reshape(S * Q, C)[padded_row]  # (N, C)
 
 

@@ -1,6 +1,7 @@
 """The HTTP app: its routes, the guards in front of them (API key, body size, CORS), and the uvicorn server
 that shuts it down gracefully. The engine is built in a background thread at start-up, so `/health`
 answers 503 until the model is loaded and warm, then 200, and 503 again once shutdown begins."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,6 +15,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from server.api.engine_client import EngineClient
 from server.api.error_handlers import add_error_handlers
 from server.api.kv_routes import router as kv_router
 from server.api.limits import Limits
@@ -23,14 +25,21 @@ from server.api.openapi_responses import with_event_schemas
 from server.api.playground import router as playground_router
 from server.api.routes import openai_router, service_router, tgi_router, tokenizer_router
 from server.api.state import AppState
-from server.api.engine_client import EngineClient
 
 
-def create_app(load_engine: Callable[[], EngineClient], *, model_name: str | Sequence[str] = "model",
-               warmup: bool = True, limits: Limits = Limits(), api_key: str | None = None,
-               cors_origins: Sequence[str] = (), shutdown_grace: float = 30.0,
-               on_load_failure: Callable[[str], None] | None = None, health: Callable[[], dict] | None = None,
-               extra_metrics: Callable[[], str] | None = None) -> FastAPI:
+def create_app(
+    load_engine: Callable[[], EngineClient],
+    *,
+    model_name: str | Sequence[str] = "model",
+    warmup: bool = True,
+    limits: Limits = Limits(),
+    api_key: str | None = None,
+    cors_origins: Sequence[str] = (),
+    shutdown_grace: float = 30.0,
+    on_load_failure: Callable[[str], None] | None = None,
+    health: Callable[[], dict] | None = None,
+    extra_metrics: Callable[[], str] | None = None,
+) -> FastAPI:
     """An app serving the engine that `load_engine` returns (called once, in a background thread): the
     local Engine, or the cluster's RayEngineClient (server/api/engine_client.py).
     With `api_key`, every route but /health and the playground page needs it as a Bearer token.
@@ -40,8 +49,11 @@ def create_app(load_engine: Callable[[], EngineClient], *, model_name: str | Seq
     `health` adds its fields to /health's answer and `extra_metrics` its text to /metrics (the cluster's
     replicas and router)."""
     state = AppState(ServedNames.of(model_name), limits, shutdown_grace, on_load_failure, health, extra_metrics)
-    app = FastAPI(title="kvserve", description="TGI- and OpenAI-compatible text generation",
-                  lifespan=_lifespan(state, load_engine, warmup))
+    app = FastAPI(
+        title="kvserve",
+        description="TGI- and OpenAI-compatible text generation",
+        lifespan=_lifespan(state, load_engine, warmup),
+    )
     app.state.kvserve = state
     _add_guards(app, state, api_key, cors_origins)
     add_error_handlers(app, state.metrics)
@@ -55,12 +67,14 @@ def create_app(load_engine: Callable[[], EngineClient], *, model_name: str | Seq
 
 def _lifespan(state: AppState, load_engine: Callable[[], EngineClient], warmup: bool):
     """Loads the engine in a background thread at start-up (so /health answers meanwhile); shuts it down at exit."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         threading.Thread(target=state.load, args=(load_engine, warmup), name="kvserve-load", daemon=True).start()
         yield
         if state.engine is not None:
             await asyncio.to_thread(state.engine.shutdown)
+
     return lifespan
 
 
@@ -70,8 +84,12 @@ def _add_guards(app: FastAPI, state: AppState, api_key: str | None, cors_origins
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key, on_reject=state.metrics.on_rejected)
     if cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type", "Accept"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "Accept"],
+        )
 
 
 class GracefulServer(uvicorn.Server):

@@ -2,6 +2,7 @@
 apply_chat_template renders it: a sandboxed Jinja environment with trim_blocks and lstrip_blocks,
 `raise_exception` available to the template, and the variables messages, add_generation_prompt,
 bos_token and eos_token."""
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -28,8 +29,10 @@ def text_content(content: str | list[dict] | None) -> str | None:
         return content
     others = sorted({part["type"] for part in content if part["type"] != "text"})
     if others:
-        raise ContentError(f"content parts of type {', '.join(repr(t) for t in others)} are not supported: "
-                           "this server serves text only (parts of type 'text')")
+        raise ContentError(
+            f"content parts of type {', '.join(repr(t) for t in others)} are not supported: "
+            "this server serves text only (parts of type 'text')"
+        )
     return TEXT_PART_SEPARATOR.join(part["text"] for part in content)
 
 
@@ -44,10 +47,12 @@ def _compiled(template: str):
     return env.from_string(template)
 
 
-def render(template: str, messages: list[dict], *, add_generation_prompt: bool = True, bos_token: str = "",
-           eos_token: str = "") -> str:
+def render(
+    template: str, messages: list[dict], *, add_generation_prompt: bool = True, bos_token: str = "", eos_token: str = ""
+) -> str:
     try:
-        return _compiled(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                          bos_token=bos_token, eos_token=eos_token)
+        return _compiled(template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token
+        )
     except TemplateError as e:
         raise ChatTemplateError(f"the chat template failed: {e}") from e

@@ -1,4 +1,5 @@
 """Text to token ids on the event loop, or off it for long texts."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,6 +1,7 @@
 """What the HTTP layer needs of an engine, and nothing more. Two implementations: the local `Engine`
 (`python -m server`) and the cluster's `RayEngineClient` (`python -m server.cluster`), which carries the
 same calls to engine replicas on Ray Serve."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -25,13 +26,30 @@ class EngineClient(Protocol):
     @property
     def info(self) -> EngineInfo: ...
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, *, use_cache: bool = True,
-               request_id: str | None = None, cache_salt: str | None = None, speculative: bool = True) -> str:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        sink: Sink,
+        *,
+        use_cache: bool = True,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+        speculative: bool = True,
+    ) -> str:
         """Queues a request; its events go to `sink`, the last with finish_reason set. Raises PromptError,
         QueueFullError or EngineStoppedError at once."""
 
-    def submit_copies(self, prompt_ids: list[int], params: list[SamplingParams], sinks: list[Sink], *,
-                      use_cache: bool = True, cache_salt: str | None = None, speculative: bool = True) -> list[str]:
+    def submit_copies(
+        self,
+        prompt_ids: list[int],
+        params: list[SamplingParams],
+        sinks: list[Sink],
+        *,
+        use_cache: bool = True,
+        cache_salt: str | None = None,
+        speculative: bool = True,
+    ) -> list[str]:
         """Several requests for one prompt (n, best_of), all or none."""
 
     async def admitted(self, request_ids: list[str]) -> None:
@@ -56,7 +74,7 @@ class EngineClient(Protocol):
         """Running totals by vLLM's names (prefix_cache_queries, prefix_cache_hits, num_preemptions...)."""
 
     # the app's life cycle
-    def start(self) -> "EngineClient": ...
+    def start(self) -> EngineClient: ...
 
     def warmup(self) -> None: ...
 

@@ -1,5 +1,6 @@
 """How the app answers what a route did not: an APIError, a body that fails validation, starlette's own
 HTTP errors (404, 405) and anything unexpected, each in the error shape of the route's API."""
+
 from __future__ import annotations
 
 import logging
@@ -46,10 +47,12 @@ def add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         return APIError(exc.status_code, str(exc.detail), "http", headers=exc.headers).response(
-            openai=_openai_route(request))
+            openai=_openai_route(request)
+        )
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
         log.exception("unhandled error")
         return APIError(500, f"internal error: {type(exc).__name__}", "internal").response(
-            openai=_openai_route(request))
+            openai=_openai_route(request)
+        )

@@ -1,5 +1,6 @@
 """The two error shapes (TGI's on its routes; OpenAI's on /v1/ and vLLM's tokenizer routes, where OpenAI's
 clients read it) and `APIError`, the exception a route raises to answer one of them."""
+
 from __future__ import annotations
 
 from fastapi.responses import JSONResponse
@@ -15,7 +16,7 @@ def route_path(scope) -> str:
     """The request's path below the app's mount point (`root_path`: a Serve route prefix such as /rr), the
     path the routes are declared with."""
     path, root = scope.get("path", ""), scope.get("root_path", "")
-    return path[len(root):] if root and path.startswith(root) else path
+    return path[len(root) :] if root and path.startswith(root) else path
 
 
 def is_openai_path(path: str) -> bool:
@@ -55,8 +56,15 @@ class APIError(Exception):
     """An answer other than 200, in TGI's shape: {"error": ..., "error_type": ...}. `reason`, when set,
     counts it in /metrics as a refusal (kvserve:request_rejected_total{reason=...})."""
 
-    def __init__(self, status: int, message: str, error_type: str, headers: dict[str, str] | None = None,
-                 reason: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        error_type: str,
+        headers: dict[str, str] | None = None,
+        reason: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.error_type, self.headers = status, message, error_type, headers
         self.reason, self.code = reason, code  # code: OpenAI's name for this error, where it has one
@@ -65,14 +73,18 @@ class APIError(Exception):
         """TGI's {"error": message, "error_type": type}, or with `openai` OpenAI's
         {"error": {"message", "type", "param", "code"}} and status (400 for TGI's 422), which its clients read."""
         status = openai_status(self.status) if openai else tgi_status(self.status, self.error_type)
-        return JSONResponse(error_body(status, self.message, self.error_type, openai, self.code), status_code=status,
-                            headers=self.headers)
+        return JSONResponse(
+            error_body(status, self.message, self.error_type, openai, self.code),
+            status_code=status,
+            headers=self.headers,
+        )
 
     @classmethod
-    def of_failed_generation(cls, error_type: str | None, message: str | None) -> "APIError":
+    def of_failed_generation(cls, error_type: str | None, message: str | None) -> APIError:
         """A generation that ended in error: 504 for its deadline, 503 for a shutdown, else 500 (424 on TGI's
         routes: `tgi_status`)."""
         error_type = error_type or "generation"
         status = ERROR_STATUS.get(error_type, 500)
-        return cls(status, message or "generation failed", error_type,
-                   headers={"Retry-After": "1"} if status == 429 else None)
+        return cls(
+            status, message or "generation failed", error_type, headers={"Retry-After": "1"} if status == 429 else None
+        )

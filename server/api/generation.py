@@ -1,5 +1,6 @@
 """The engine requests one HTTP request owns (`Generation`): submitted together, consumed together,
 cancelled together on a disconnect or a deadline."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,8 +13,7 @@ from model.config import ContextLengthError, PromptError
 from model.sampling import SamplingParams
 from server.api.errors import APIError
 from server.api.metrics import Metrics
-from server.engine import (FINISH_ABORT, FINISH_ERROR, AsyncSink, Engine, EngineStoppedError, QueueFullError,
-                           TokenOutput)
+from server.engine import FINISH_ABORT, FINISH_ERROR, AsyncSink, Engine, EngineStoppedError, QueueFullError, TokenOutput
 
 
 class Generation:
@@ -23,11 +23,27 @@ class Generation:
     client disconnects or when `timeout` seconds have passed (then each one's last event is an error of
     type 'timeout')."""
 
-    def __init__(self, engine: Engine, metrics: Metrics, prompts: list[list[int]], params: list[SamplingParams],
-                 use_cache: bool, *, timeout: float | None = None, max_tokens_field: str = "max_new_tokens",
-                 cache_salt: str | None = None, speculative: bool = True) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        metrics: Metrics,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        use_cache: bool,
+        *,
+        timeout: float | None = None,
+        max_tokens_field: str = "max_new_tokens",
+        cache_salt: str | None = None,
+        speculative: bool = True,
+    ) -> None:
         """params: one per copy of each prompt (the same list for every prompt)."""
-        self.engine, self.metrics, self.prompts, self.params, self.use_cache = engine, metrics, prompts, params, use_cache
+        self.engine, self.metrics, self.prompts, self.params, self.use_cache = (
+            engine,
+            metrics,
+            prompts,
+            params,
+            use_cache,
+        )
         self.timeout, self.expired = timeout, False
         self.max_tokens_field = max_tokens_field  # the request's name for max_new_tokens, in refusals
         loop = asyncio.get_running_loop()
@@ -40,11 +56,20 @@ class Generation:
         try:
             for ids in prompts:
                 if self.copies == 1:
-                    self.request_ids.append(engine.submit(ids, params[0], sink, use_cache=use_cache,
-                                                          cache_salt=cache_salt, speculative=speculative))
+                    self.request_ids.append(
+                        engine.submit(
+                            ids, params[0], sink, use_cache=use_cache, cache_salt=cache_salt, speculative=speculative
+                        )
+                    )
                 else:
-                    self.request_ids += engine.submit_copies(ids, params, [sink] * self.copies, use_cache=use_cache,
-                                                             cache_salt=cache_salt, speculative=speculative)
+                    self.request_ids += engine.submit_copies(
+                        ids,
+                        params,
+                        [sink] * self.copies,
+                        use_cache=use_cache,
+                        cache_salt=cache_salt,
+                        speculative=speculative,
+                    )
         except (PromptError, QueueFullError, EngineStoppedError) as e:
             self.cancel()
             raise self._refusal(e) from e
@@ -64,8 +89,13 @@ class Generation:
             raise self._refusal(e) from e
         except asyncio.TimeoutError:
             self.cancel()
-            raise APIError(504, f"no replica took the request within its deadline of {self.timeout:g} s "
-                           "(parameters.timeout / --request-timeout)", "timeout", reason="timeout") from None
+            raise APIError(
+                504,
+                f"no replica took the request within its deadline of {self.timeout:g} s "
+                "(parameters.timeout / --request-timeout)",
+                "timeout",
+                reason="timeout",
+            ) from None
 
     def _remaining(self) -> float | None:
         return None if self._deadline is None else max(0.0, self._deadline - asyncio.get_running_loop().time())
@@ -97,11 +127,18 @@ class Generation:
                 if out.finished:
                     self._open.discard(out.request_id)
                     if self.expired and out.finish_reason == FINISH_ABORT:  # counted as an error, not an abort
-                        out = replace(out, finish_reason=FINISH_ERROR, error_type="timeout", error=(
-                            f"the request ran past its deadline of {self.timeout:g} s "
-                            "(parameters.timeout / --request-timeout)"))
-                    self.metrics.on_finish(out.finish_reason, len(self.prompts[k // self.copies]), out.stats,
-                                           self.use_cache)
+                        out = replace(
+                            out,
+                            finish_reason=FINISH_ERROR,
+                            error_type="timeout",
+                            error=(
+                                f"the request ran past its deadline of {self.timeout:g} s "
+                                "(parameters.timeout / --request-timeout)"
+                            ),
+                        )
+                    self.metrics.on_finish(
+                        out.finish_reason, len(self.prompts[k // self.copies]), out.stats, self.use_cache
+                    )
                 previous[k] = out
                 yield k, out
         finally:
@@ -143,9 +180,13 @@ class Generation:
         """A request the engine did not take, as its HTTP status."""
         if isinstance(e, PromptError):
             overflow = isinstance(e, ContextLengthError)
-            return APIError(422, str(e).replace("max_new_tokens", self.max_tokens_field), "validation",
-                            reason="context_length" if overflow else "validation",
-                            code="context_length_exceeded" if overflow else None)
+            return APIError(
+                422,
+                str(e).replace("max_new_tokens", self.max_tokens_field),
+                "validation",
+                reason="context_length" if overflow else "validation",
+                code="context_length_exceeded" if overflow else None,
+            )
         if isinstance(e, QueueFullError):
             return APIError(429, str(e), "overloaded", headers={"Retry-After": "1"}, reason="queue_full")
         return APIError(503, str(e), "unavailable", headers={"Retry-After": "5"}, reason="shutting_down")
@@ -163,7 +204,15 @@ def _check_fits_queue(engine: Engine, prompts: int, copies: int) -> None:
     capacity = engine.config.max_num_seqs + engine.config.max_waiting
     asked = copies * (prompts if engine.info.in_process else 1)
     if asked > capacity:
-        what = f"{prompts} prompt(s) × {copies} cop{'y' if copies == 1 else 'ies'}" if prompts > 1 else \
-            f"{copies} copies of its prompt (n, best_of)"
-        raise APIError(422, f"the request asks for {asked} sequences at once ({what}); this server holds at most "
-                       f"{capacity} (--max-num-seqs + --max-waiting)", "validation", reason="sequences")
+        what = (
+            f"{prompts} prompt(s) × {copies} cop{'y' if copies == 1 else 'ies'}"
+            if prompts > 1
+            else f"{copies} copies of its prompt (n, best_of)"
+        )
+        raise APIError(
+            422,
+            f"the request asks for {asked} sequences at once ({what}); this server holds at most "
+            f"{capacity} (--max-num-seqs + --max-waiting)",
+            "validation",
+            reason="sequences",
+        )

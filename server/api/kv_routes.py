@@ -8,6 +8,7 @@ However many pages watch, one loop per app takes at most one snapshot every KV_S
 sends it only when it changed; each watcher's queue holds one snapshot (a slow reader gets the newest,
 never a backlog). With no watcher the loop is not running and the engine does nothing for the view.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,8 +34,11 @@ router = APIRouter()
 
 def _check_in_process(engine: Engine) -> None:
     if not engine.info.in_process:
-        raise APIError(422, "the KV-cache view needs the engine in this process (python -m server), not behind "
-                       "the cluster's ingress", "validation")
+        raise APIError(
+            422,
+            "the KV-cache view needs the engine in this process (python -m server), not behind the cluster's ingress",
+            "validation",
+        )
 
 
 async def take_snapshot(engine: Engine) -> KVSnapshot:
@@ -129,8 +133,11 @@ async def kv(request: Request) -> KVSnapshot:
     return await take_snapshot(request.app.state.kvserve.ready_engine())
 
 
-@router.get("/kv/stream", response_class=EventStreamResponse,
-            responses={200: {"content": {EVENT_STREAM: {"schema": json_events(KVSnapshot)}}}})
+@router.get(
+    "/kv/stream",
+    response_class=EventStreamResponse,
+    responses={200: {"content": {EVENT_STREAM: {"schema": json_events(KVSnapshot)}}}},
+)
 async def kv_stream(request: Request) -> StreamingResponse:
     """Snapshots as Server-Sent Events: the current one at once, then each change, at most one per
     KV_STREAM_PERIOD; the stream ends after KV_STREAM_MAX_S or when the server shuts down."""

@@ -1,4 +1,5 @@
 """What one request may ask of this server (the --max-* flags), checked by the routes."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,29 +31,52 @@ class Limits:
 
     def check_stop(self, stop: list[str], field: str) -> None:
         if len(stop) > self.max_stop_sequences:
-            raise APIError(422, f"{field}: {len(stop)} stop sequences; this server takes at most "
-                           f"{self.max_stop_sequences} (--max-stop-sequences)", "validation", reason="stop_sequences")
+            raise APIError(
+                422,
+                f"{field}: {len(stop)} stop sequences; this server takes at most "
+                f"{self.max_stop_sequences} (--max-stop-sequences)",
+                "validation",
+                reason="stop_sequences",
+            )
         longest = max(stop, key=len, default="")
         if len(longest) > self.max_stop_length:
-            raise APIError(422, f"{field}: a stop sequence of {len(longest)} characters; this server takes at "
-                           f"most {self.max_stop_length} (--max-stop-length)", "validation", reason="stop_sequences")
+            raise APIError(
+                422,
+                f"{field}: a stop sequence of {len(longest)} characters; this server takes at "
+                f"most {self.max_stop_length} (--max-stop-length)",
+                "validation",
+                reason="stop_sequences",
+            )
 
     def check_prompt(self, prompt_len: int) -> None:
         """--max-input-tokens only: what the model itself can run is checked by the engine (check_prompt)."""
         if self.max_input_tokens is not None and prompt_len > self.max_input_tokens:
-            raise APIError(422, f"the prompt has {prompt_len} tokens; this server takes at most "
-                           f"{self.max_input_tokens} (--max-input-tokens)", "validation", reason="prompt_too_long",
-                           code="context_length_exceeded")
+            raise APIError(
+                422,
+                f"the prompt has {prompt_len} tokens; this server takes at most "
+                f"{self.max_input_tokens} (--max-input-tokens)",
+                "validation",
+                reason="prompt_too_long",
+                code="context_length_exceeded",
+            )
 
     def check_new_tokens(self, max_new_tokens: int, field: str) -> None:
         if self.max_new_tokens is not None and max_new_tokens > self.max_new_tokens:
-            raise APIError(422, f"{field} ({max_new_tokens}) is above this server's limit of "
-                           f"{self.max_new_tokens} (--max-new-tokens)", "validation", reason="max_new_tokens")
+            raise APIError(
+                422,
+                f"{field} ({max_new_tokens}) is above this server's limit of {self.max_new_tokens} (--max-new-tokens)",
+                "validation",
+                reason="max_new_tokens",
+            )
 
     def check_count(self, field: str, value: int | None, limit_name: str) -> None:
         """n, best_of, logprobs and their kin against the flag of the same name."""
         limit = getattr(self, limit_name)
         if value is not None and value > limit:
             flag = "--" + limit_name.replace("_", "-")
-            raise APIError(422, f"{field} ({value}) is above this server's limit of {limit} ({flag})", "validation",
-                           reason=limit_name.removeprefix("max_"))
+            raise APIError(
+                422,
+                f"{field} ({value}) is above this server's limit of {limit} ({flag})",
+                "validation",
+                reason=limit_name.removeprefix("max_"),
+            )

@@ -1,5 +1,6 @@
 """Prometheus metrics named after vLLM's (`vllm:` -> `kvserve:`), in a registry of the app's own so
 several apps in one process never clash. Label children are bound once, here, not per token."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -12,8 +13,29 @@ from server.engine.step_stats import HistogramSnapshot, StepStatsSnapshot
 
 PREFIX = "kvserve:"
 # vLLM's buckets, with sub-millisecond ones added: a small model on a GPU is that fast.
-LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                   2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 
@@ -31,21 +53,25 @@ class EngineCounters:
 
     def collect(self):
         values = self.read()
-        for name, doc in (("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
-                          ("prefix_cache_hits", "Prompt tokens served from the prefix cache."),
-                          ("num_preemptions", "Requests preempted (blocks freed, recomputed later)."),
-                          ("spec_decode_num_drafts", "Speculative drafts verified."),
-                          ("spec_decode_num_draft_tokens", "Speculative draft tokens verified."),
-                          ("spec_decode_num_accepted_tokens", "Speculative draft tokens accepted.")):
+        for name, doc in (
+            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
+            ("prefix_cache_hits", "Prompt tokens served from the prefix cache."),
+            ("num_preemptions", "Requests preempted (blocks freed, recomputed later)."),
+            ("spec_decode_num_drafts", "Speculative drafts verified."),
+            ("spec_decode_num_draft_tokens", "Speculative draft tokens verified."),
+            ("spec_decode_num_accepted_tokens", "Speculative draft tokens accepted."),
+        ):
             if name in values:
                 family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
                 family.add_metric([self.model_name], values[name])
                 yield family
         per_position = values.get("spec_decode_num_accepted_tokens_per_pos")
         if per_position is not None:
-            family = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
-                                         "Speculative drafts whose token at this position was accepted.",
-                                         labels=["model_name", "position"])
+            family = CounterMetricFamily(
+                PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                "Speculative drafts whose token at this position was accepted.",
+                labels=["model_name", "position"],
+            )
             for position, count in enumerate(per_position):
                 family.add_metric([self.model_name, str(position)], count)
             yield family
@@ -64,24 +90,35 @@ class StepCollector:
 
     def collect(self):
         snap = self.read()
-        yield self._histogram("step_duration_seconds", "Wall time of one engine step (forward and sampling).",
-                              snap.step_seconds, {})
-        tokens = HistogramMetricFamily(PREFIX + "step_tokens", "Tokens one engine step computed, by kind: decode "
-                                       "(one a running request) or prompt (prompt chunks, recomputes).",
-                                       labels=["model_name", "kind"])
+        yield self._histogram(
+            "step_duration_seconds", "Wall time of one engine step (forward and sampling).", snap.step_seconds, {}
+        )
+        tokens = HistogramMetricFamily(
+            PREFIX + "step_tokens",
+            "Tokens one engine step computed, by kind: decode "
+            "(one a running request) or prompt (prompt chunks, recomputes).",
+            labels=["model_name", "kind"],
+        )
         for kind, h in (("decode", snap.decode_tokens), ("prompt", snap.prompt_tokens)):
             tokens.add_metric([self.model_name, kind], h.cumulative(), h.total)
         yield tokens
-        target = GaugeMetricFamily(PREFIX + "step_budget_target_seconds", "The step time target in force "
-                                   "(--target-step-ms); 0 when there is none.", labels=["model_name"])
+        target = GaugeMetricFamily(
+            PREFIX + "step_budget_target_seconds",
+            "The step time target in force (--target-step-ms); 0 when there is none.",
+            labels=["model_name"],
+        )
         target.add_metric([self.model_name], snap.target_step_s or 0.0)
         yield target
-        cap = GaugeMetricFamily(PREFIX + "step_budget_max_batched_tokens", "Tokens one step may compute, at most "
-                                "(--max-num-batched-tokens).", labels=["model_name"])
+        cap = GaugeMetricFamily(
+            PREFIX + "step_budget_max_batched_tokens",
+            "Tokens one step may compute, at most (--max-num-batched-tokens).",
+            labels=["model_name"],
+        )
         cap.add_metric([self.model_name], snap.max_batched_tokens)
         yield cap
-        allowance = GaugeMetricFamily(PREFIX + "step_budget_prompt_tokens", "Prompt tokens the latest step was "
-                                      "allowed.", labels=["model_name"])
+        allowance = GaugeMetricFamily(
+            PREFIX + "step_budget_prompt_tokens", "Prompt tokens the latest step was allowed.", labels=["model_name"]
+        )
         allowance.add_metric([self.model_name], snap.prompt_allowance)
         yield allowance
 
@@ -99,33 +136,75 @@ class Metrics:
 
         self.running = Gauge(PREFIX + "num_requests_running", "Requests holding KV-cache blocks.", m, registry=r)
         self.waiting = Gauge(PREFIX + "num_requests_waiting", "Requests queued.", m, registry=r)
-        self.kv_usage = Gauge(PREFIX + "kv_cache_usage_perc", "Fraction of KV-cache blocks held by requests (0-1).",
-                              m, registry=r)
-        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens of finished requests.", m,
-                                     registry=r).labels(model_name)
-        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens.", m,
-                                         registry=r).labels(model_name)
-        success = Counter(PREFIX + "request_success", "Finished requests by reason.", m + ["finished_reason"],
-                          registry=r)
+        self.kv_usage = Gauge(
+            PREFIX + "kv_cache_usage_perc", "Fraction of KV-cache blocks held by requests (0-1).", m, registry=r
+        )
+        self.prompt_tokens = Counter(
+            PREFIX + "prompt_tokens", "Prompt tokens of finished requests.", m, registry=r
+        ).labels(model_name)
+        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Generated tokens.", m, registry=r).labels(
+            model_name
+        )
+        success = Counter(
+            PREFIX + "request_success", "Finished requests by reason.", m + ["finished_reason"], registry=r
+        )
         self.success = {reason: success.labels(model_name, reason) for reason in FINISHED_REASONS}
-        self.rejected = Counter(PREFIX + "request_rejected", "Requests refused or cut short by a limit, by reason.",
-                                m + ["reason"], registry=r)
-        self.ttft = by_cache(Histogram(PREFIX + "time_to_first_token_seconds", "Arrival to first token.", mc,
-                                       buckets=LATENCY_BUCKETS, registry=r))
-        self.itl = by_cache(Histogram(PREFIX + "inter_token_latency_seconds", "Time between two tokens of a request.",
-                                      mc, buckets=LATENCY_BUCKETS, registry=r))
-        self.e2e = by_cache(Histogram(PREFIX + "e2e_request_latency_seconds", "Arrival to last token.", mc,
-                                      buckets=LATENCY_BUCKETS, registry=r))
-        self.queue_time = by_cache(Histogram(PREFIX + "request_queue_time_seconds", "Arrival to first scheduled.", mc,
-                                             buckets=LATENCY_BUCKETS, registry=r))
-        self.request_prompt_tokens = Histogram(PREFIX + "request_prompt_tokens", "Prompt length of requests.", m,
-                                               buckets=TOKEN_BUCKETS, registry=r).labels(model_name)
-        self.request_generation_tokens = Histogram(PREFIX + "request_generation_tokens",
-                                                   "Generated tokens of requests.", m, buckets=TOKEN_BUCKETS,
-                                                   registry=r).labels(model_name)
+        self.rejected = Counter(
+            PREFIX + "request_rejected",
+            "Requests refused or cut short by a limit, by reason.",
+            m + ["reason"],
+            registry=r,
+        )
+        self.ttft = by_cache(
+            Histogram(
+                PREFIX + "time_to_first_token_seconds",
+                "Arrival to first token.",
+                mc,
+                buckets=LATENCY_BUCKETS,
+                registry=r,
+            )
+        )
+        self.itl = by_cache(
+            Histogram(
+                PREFIX + "inter_token_latency_seconds",
+                "Time between two tokens of a request.",
+                mc,
+                buckets=LATENCY_BUCKETS,
+                registry=r,
+            )
+        )
+        self.e2e = by_cache(
+            Histogram(
+                PREFIX + "e2e_request_latency_seconds",
+                "Arrival to last token.",
+                mc,
+                buckets=LATENCY_BUCKETS,
+                registry=r,
+            )
+        )
+        self.queue_time = by_cache(
+            Histogram(
+                PREFIX + "request_queue_time_seconds",
+                "Arrival to first scheduled.",
+                mc,
+                buckets=LATENCY_BUCKETS,
+                registry=r,
+            )
+        )
+        self.request_prompt_tokens = Histogram(
+            PREFIX + "request_prompt_tokens", "Prompt length of requests.", m, buckets=TOKEN_BUCKETS, registry=r
+        ).labels(model_name)
+        self.request_generation_tokens = Histogram(
+            PREFIX + "request_generation_tokens", "Generated tokens of requests.", m, buckets=TOKEN_BUCKETS, registry=r
+        ).labels(model_name)
 
-    def bind(self, running: Callable[[], float], waiting: Callable[[], float], kv_usage: Callable[[], float],
-             counters: Callable[[], dict[str, float]]) -> None:
+    def bind(
+        self,
+        running: Callable[[], float],
+        waiting: Callable[[], float],
+        kv_usage: Callable[[], float],
+        counters: Callable[[], dict[str, float]],
+    ) -> None:
         """The gauges and the engine's own counters read the engine's state when scraped."""
         self.running.labels(self.model_name).set_function(running)
         self.waiting.labels(self.model_name).set_function(waiting)
@@ -153,8 +232,11 @@ class Metrics:
         if stats is None:
             return
         self.request_generation_tokens.observe(stats.generated_tokens)
-        for histogram, value in ((self.ttft, stats.time_to_first_token_s), (self.e2e, stats.e2e_latency_s),
-                                 (self.queue_time, stats.queue_time_s)):
+        for histogram, value in (
+            (self.ttft, stats.time_to_first_token_s),
+            (self.e2e, stats.e2e_latency_s),
+            (self.queue_time, stats.queue_time_s),
+        ):
             if value is not None:
                 histogram[use_cache].observe(value)
 

@@ -1,6 +1,7 @@
 """Pure ASGI middleware that guards the app before any route runs: the API key and the body size.
 Both answer in the app's error shapes (TGI's, or OpenAI's on /v1/) and report each refusal
 through `on_reject(reason)`, which the app wires to /metrics."""
+
 from __future__ import annotations
 
 import hmac
@@ -17,8 +18,15 @@ PUBLIC_ASSETS = "/static/"  # the page's files
 DRAIN_LIMIT = 64 * 2**20  # bytes of a refused body read and dropped so that the 413 reaches the client
 
 
-async def send_error(scope: Scope, send: Send, status: int, message: str, error_type: str,
-                     headers: dict[str, str] | None = None, code: str | None = None) -> None:
+async def send_error(
+    scope: Scope,
+    send: Send,
+    status: int,
+    message: str,
+    error_type: str,
+    headers: dict[str, str] | None = None,
+    code: str | None = None,
+) -> None:
     body = json.dumps(error_body(status, message, error_type, is_openai_path(route_path(scope)), code)).encode()
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
@@ -53,8 +61,15 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         self.on_reject("unauthorized")
-        await send_error(scope, send, 401, "a valid API key is needed: send the header 'Authorization: Bearer <key>'",
-                         "unauthorized", headers={"WWW-Authenticate": "Bearer"}, code="invalid_api_key")
+        await send_error(
+            scope,
+            send,
+            401,
+            "a valid API key is needed: send the header 'Authorization: Bearer <key>'",
+            "unauthorized",
+            headers={"WWW-Authenticate": "Bearer"},
+            code="invalid_api_key",
+        )
 
     def _authorized(self, scope: Scope) -> bool:
         scheme, _, token = (_header(scope, b"authorization") or b"").partition(b" ")
@@ -115,5 +130,11 @@ class BodySizeLimit:
             if not message.get("more_body", False):
                 break
         self.on_reject("body_too_large")
-        await send_error(scope, send, 413, f"the request body is larger than the limit of {self.max_bytes} bytes "
-                         "(--max-body-bytes)", "body_too_large", headers={"Connection": "close"})
+        await send_error(
+            scope,
+            send,
+            413,
+            f"the request body is larger than the limit of {self.max_bytes} bytes (--max-body-bytes)",
+            "body_too_large",
+            headers={"Connection": "close"},
+        )

@@ -3,6 +3,7 @@
 The rule: a request is served when its `model` is absent, one of the served names, or a placeholder
 that clients send when their user gave no model at all (PLACEHOLDER_NAMES). Any other name gets vLLM's
 404, so a name a user typed wrong is still caught. Answers name the first served name."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ class ServedNames:
             raise ValueError(f"need at least one non-empty served model name, got {list(self.names)}")
 
     @classmethod
-    def of(cls, names: str | Sequence[str]) -> "ServedNames":
+    def of(cls, names: str | Sequence[str]) -> ServedNames:
         return cls((names,) if isinstance(names, str) else tuple(names))
 
     @property
@@ -36,5 +37,6 @@ class ServedNames:
         if requested is None or requested in self.names or requested in PLACEHOLDER_NAMES:
             return
         served = ", ".join(repr(n) for n in self.names)
-        raise APIError(404, f"model {requested!r} does not exist; this server serves {served}", "not_found",
-                       code="model_not_found")
+        raise APIError(
+            404, f"model {requested!r} does not exist; this server serves {served}", "not_found", code="model_not_found"
+        )

@@ -1,6 +1,7 @@
 """What the OpenAPI schema says each route answers besides its 200: the error statuses it can give, each in
 its route's error shape, and the content types of streams (text/event-stream) and metrics (Prometheus
 text). FastAPI's own guess (a JSON 200, and a 422 in a shape this server never sends) is replaced."""
+
 from __future__ import annotations
 
 import json
@@ -49,7 +50,7 @@ WHY = {
     413: "a body larger than --max-body-bytes",
     424: "the generation failed (TGI's GenerationError: error_type 'generation')",
     422: "a field out of range, a limit of this server passed (each names its flag), or a prompt too long "
-         "for the context",
+    "for the context",
     429: "the queue is full (--max-waiting); Retry-After says when to try again",
     503: "the model is loading, or the server is shutting down; Retry-After says when to try again",
     504: "the request's own deadline (timeout, at most --request-timeout) passed before it finished",
@@ -80,8 +81,11 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
 
 
 def _json_data(*models: type[BaseModel]) -> dict[str, Any]:
-    return {"type": "string", "contentMediaType": "application/json",
-            "contentSchema": {"anyOf": [_ref(m) for m in models]}}
+    return {
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": {"anyOf": [_ref(m) for m in models]},
+    }
 
 
 def json_events(event: type[BaseModel]) -> dict[str, Any]:
@@ -90,8 +94,9 @@ def json_events(event: type[BaseModel]) -> dict[str, Any]:
     return {"type": "object", "required": ["data"], "properties": {"data": _json_data(event)}}
 
 
-def event_stream(event: type[BaseModel], openai: bool, also_json: type[BaseModel] | None = None
-                 ) -> dict[int | str, dict[str, Any]]:
+def event_stream(
+    event: type[BaseModel], openai: bool, also_json: type[BaseModel] | None = None
+) -> dict[int | str, dict[str, Any]]:
     """A 200 that is a stream of Server-Sent Events, each `data:` one `event` (or, last, an error in the
     route's shape; OpenAI's streams end with `data: [DONE]`); with `also_json`, either that JSON or the
     stream, as the request asks. Per OpenAPI 3.1, the schema describes one event."""
@@ -101,26 +106,31 @@ def event_stream(event: type[BaseModel], openai: bool, also_json: type[BaseModel
     content: dict[str, Any] = {EVENT_STREAM: {"schema": schema}}
     if also_json is not None:
         content["application/json"] = {"schema": _ref(also_json)}
-    return {200: {"content": content, "description": "the answer, or with stream (or Accept: text/event-stream "
-                  "on /generate) its events"}}
+    return {
+        200: {
+            "content": content,
+            "description": "the answer, or with stream (or Accept: text/event-stream on /generate) its events",
+        }
+    }
 
 
 def with_event_schemas(app: FastAPI) -> None:
     """The app's /openapi.json also defines the event models the streams refer to (no route returns them
     as JSON, so FastAPI would leave them out), and OpenAI's routes declare no 422."""
+
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, description=app.description,
-                                 routes=app.routes)
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
             for path, operations in schema.get("paths", {}).items():  # FastAPI's own 422, which OpenAI's routes
-                if is_openai_path(path):                               # never answer (their 400 says it)
+                if is_openai_path(path):  # never answer (their 400 says it)
                     for operation in operations.values():
                         operation.get("responses", {}).pop("422", None)
             if "HTTPValidationError" not in json.dumps(schema["paths"]):  # FastAPI's shape, now referred to by none
                 for name in ("HTTPValidationError", "ValidationError"):
                     schema.get("components", {}).get("schemas", {}).pop(name, None)
-            _, defs = models_json_schema([(m, "serialization") for m in EVENT_MODELS],
-                                         ref_template="#/components/schemas/{model}")
+            _, defs = models_json_schema(
+                [(m, "serialization") for m in EVENT_MODELS], ref_template="#/components/schemas/{model}"
+            )
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for name, definition in defs.get("$defs", {}).items():
                 components.setdefault(name, definition)

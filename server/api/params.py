@@ -1,4 +1,5 @@
 """Sampling parameters from a request's fields, shared by the TGI and OpenAI routes."""
+
 from __future__ import annotations
 
 import re

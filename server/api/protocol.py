@@ -4,6 +4,7 @@ other families share. Routes live in `server.api.routes`, the logic in `server.a
 Unknown fields are refused (422) rather than ignored. Fields TGI or OpenAI define that this server does
 not implement are accepted only at their neutral value, so a client sending defaults works.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -21,12 +22,18 @@ def _whole_numbers(value: Any) -> Any:
     if isinstance(value, list):
         return [_whole_numbers(v) for v in value]
     return value
+
+
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 MIN_TIMEOUT_S = 1.0  # a shorter deadline than this is a mistake (5e-324 once gave a 504), not a request
-TIMEOUT_DOC = (f"our extension: seconds before the request is cut short (a 504, or an error event of type timeout), "
-               f"at least {MIN_TIMEOUT_S:g}, at most --request-timeout")
-CACHE_SALT_DOC = ("vLLM's extension: prefix-cache hits only among requests with the same salt (isolates "
-                  "tenants, or measures the cache without prefix reuse)")
+TIMEOUT_DOC = (
+    f"our extension: seconds before the request is cut short (a 504, or an error event of type timeout), "
+    f"at least {MIN_TIMEOUT_S:g}, at most --request-timeout"
+)
+CACHE_SALT_DOC = (
+    "vLLM's extension: prefix-cache hits only among requests with the same salt (isolates "
+    "tenants, or measures the cache without prefix reuse)"
+)
 
 
 class Strict(BaseModel):
@@ -66,20 +73,35 @@ class GenerateParameters(Strict):
     return_full_text: bool = False
     truncate: int | None = Field(None, ge=1, description="keep only the last `truncate` prompt tokens")
     use_cache: bool = Field(True, description="our extension: false recomputes the whole sequence every step")
-    speculative: bool = Field(True, description="our extension: false opts out of speculative decoding "
-                              "(when the server runs it; the output is the same either way)")
-    return_attention: bool = Field(False, description="our extension: attention weights of the first generated "
-                                   "tokens in details.attention (turns details on)")
+    speculative: bool = Field(
+        True,
+        description="our extension: false opts out of speculative decoding "
+        "(when the server runs it; the output is the same either way)",
+    )
+    return_attention: bool = Field(
+        False,
+        description="our extension: attention weights of the first generated "
+        "tokens in details.attention (turns details on)",
+    )
     ignore_eos: bool = Field(False, description="our extension (vLLM's): generate max_new_tokens whatever comes")
     timeout: float | None = Field(None, ge=MIN_TIMEOUT_S, description=TIMEOUT_DOC)
     cache_salt: NonEmptyStr | None = Field(None, description=CACHE_SALT_DOC)
-    best_of: int | None = Field(None, ge=1, description="sample this many and return the likeliest (needs sampling; "
-                                "at most --max-best-of)")
+    best_of: int | None = Field(
+        None, ge=1, description="sample this many and return the likeliest (needs sampling; at most --max-best-of)"
+    )
     decoder_input_details: bool = Field(False, description="each prompt token's logprob in details.prefill")
-    top_n_tokens: int | None = Field(None, ge=0, description="the likeliest alternatives of each generated token, "
-                                     "in details.top_tokens (at most --max-logprobs)")
-    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="minus this times the number of times a "
-                                            "token was generated, from its logit (OpenAI's definition)")
+    top_n_tokens: int | None = Field(
+        None,
+        ge=0,
+        description="the likeliest alternatives of each generated token, "
+        "in details.top_tokens (at most --max-logprobs)",
+    )
+    frequency_penalty: float | None = Field(
+        None,
+        ge=-2,
+        le=2,
+        description="minus this times the number of times a token was generated, from its logit (OpenAI's definition)",
+    )
     # TGI fields accepted at their neutral value only (the schema lists it: enum)
     typical_p: float | None = Field(None, json_schema_extra={"enum": list(NEUTRAL["typical_p"])})
     watermark: bool = Field(False, json_schema_extra={"enum": list(NEUTRAL["watermark"])})
@@ -87,7 +109,7 @@ class GenerateParameters(Strict):
     adapter_id: str | None = Field(None, json_schema_extra={"enum": list(NEUTRAL["adapter_id"])})
 
     @model_validator(mode="after")
-    def _neutral_only(self) -> "GenerateParameters":
+    def _neutral_only(self) -> GenerateParameters:
         _refuse_unsupported(self, NEUTRAL)
         return self
 

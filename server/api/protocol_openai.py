@@ -4,6 +4,7 @@
 Unknown fields are refused (422) rather than ignored; limits that depend on the server's flags (n,
 best_of, logprobs) are checked by the serving code, which names the flag.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -17,8 +18,11 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 class StreamOptions(Strict):
     include_usage: bool = Field(False, description="a last chunk with the request's usage, before [DONE]")
-    continuous_usage_stats: bool = Field(False, description="vLLM's: with include_usage, every chunk also carries "
-                                         "the usage so far of its choice (its prompt and tokens generated so far)")
+    continuous_usage_stats: bool = Field(
+        False,
+        description="vLLM's: with include_usage, every chunk also carries "
+        "the usage so far of its choice (its prompt and tokens generated so far)",
+    )
 
 
 class SamplingFields(Strict):
@@ -35,7 +39,8 @@ class SamplingFields(Strict):
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
-        None, description="token id (as a string) -> added to its logit")
+        None, description="token id (as a string) -> added to its logit"
+    )
     user: str | None = None
     # extensions (vLLM accepts the first two as well)
     top_k: int | None = Field(None, gt=0)
@@ -60,30 +65,49 @@ class SamplingFields(Strict):
         return self.include_usage and self.stream_options.continuous_usage_stats
 
     @model_validator(mode="after")
-    def _stream_options_need_usage(self) -> "SamplingFields":
+    def _stream_options_need_usage(self) -> SamplingFields:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream: true (as in OpenAI's API and vLLM)")
-        if self.stream_options is not None and self.stream_options.continuous_usage_stats and \
-                not self.stream_options.include_usage:
-            raise ValueError("stream_options.continuous_usage_stats needs stream_options.include_usage: true "
-                             "(as in vLLM, where it is otherwise ignored)")
+        if (
+            self.stream_options is not None
+            and self.stream_options.continuous_usage_stats
+            and not self.stream_options.include_usage
+        ):
+            raise ValueError(
+                "stream_options.continuous_usage_stats needs stream_options.include_usage: true "
+                "(as in vLLM, where it is otherwise ignored)"
+            )
         return self
 
 
 class CompletionRequest(SamplingFields):
-    prompt: NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1)] | TokenIds | \
-        Annotated[list[TokenIds], Field(min_length=1)]
-    max_tokens: int | None = Field(None, ge=0, description="default 16 (or --max-new-tokens, if lower); 0 with echo "
-                                   "scores the prompt and generates nothing")
+    prompt: (
+        NonEmptyStr
+        | Annotated[list[NonEmptyStr], Field(min_length=1)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1)]
+    )
+    max_tokens: int | None = Field(
+        None,
+        ge=0,
+        description="default 16 (or --max-new-tokens, if lower); 0 with echo scores the prompt and generates nothing",
+    )
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, description="the likeliest alternatives of each token (at most "
-                                 "--max-logprobs); 0: each token's own logprob only")
-    best_of: int | None = Field(None, ge=1, description="generate this many per prompt and return the n likeliest "
-                                "(at most --max-best-of; not with stream)")
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        description="the likeliest alternatives of each token (at most "
+        "--max-logprobs); 0: each token's own logprob only",
+    )
+    best_of: int | None = Field(
+        None,
+        ge=1,
+        description="generate this many per prompt and return the n likeliest (at most --max-best-of; not with stream)",
+    )
     suffix: str | None = Field(None, json_schema_extra={"enum": [None, ""]})  # accepted at its neutral value only
 
     @model_validator(mode="after")
-    def _checks(self) -> "CompletionRequest":
+    def _checks(self) -> CompletionRequest:
         _refuse_unsupported(self, {"suffix": (None, "")})
         if self.best_of is not None and self.best_of < self.n:
             raise ValueError(f"best_of ({self.best_of}) must be at least n ({self.n})")
@@ -156,7 +180,7 @@ class ContentPart(BaseModel):
     text: str | None = Field(None, description="the text of a 'text' part")
 
     @model_validator(mode="after")
-    def _text_has_text(self) -> "ContentPart":
+    def _text_has_text(self) -> ContentPart:
         if self.type == "text" and self.text is None:
             raise ValueError("a content part of type 'text' needs a 'text' string")
         return self
@@ -165,7 +189,8 @@ class ContentPart(BaseModel):
 class ChatMessage(Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[ContentPart] | None = Field(
-        "", description="a string, or a list of parts of which only text parts are served (joined by newlines)")
+        "", description="a string, or a list of parts of which only text parts are served (joined by newlines)"
+    )
     name: str | None = None
 
 
@@ -174,12 +199,13 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: int | None = Field(None, ge=1, description="default: what the context leaves")
     max_completion_tokens: int | None = Field(None, ge=1, description="OpenAI's newer name for max_tokens")
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, description="with logprobs: alternatives per token (at most "
-                                     "--max-logprobs)")
+    top_logprobs: int | None = Field(
+        None, ge=0, description="with logprobs: alternatives per token (at most --max-logprobs)"
+    )
     add_generation_prompt: bool = True  # vLLM's: the template's cue for the assistant's turn
 
     @model_validator(mode="after")
-    def _top_logprobs_need_logprobs(self) -> "ChatCompletionRequest":
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true (as in OpenAI's API and vLLM)")
         return self

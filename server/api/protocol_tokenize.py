@@ -1,5 +1,6 @@
 """Schemas of vLLM's tokenizer routes (`POST /tokenize`, `POST /detokenize`, `GET /tokenizer_info`), which
 evaluation and load tools (lm-eval's remote tokenizer among them) use instead of loading the tokenizer."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -20,14 +21,16 @@ class TokenizeRequest(Strict):
     # not nullable: exactly one of the two is given (the schema's oneOf)
     prompt: str = Field(None, description="the text to tokenize (or give messages)")
     messages: Annotated[list[ChatMessage], Field(min_length=1)] = Field(
-        None, description="chat messages, rendered through the checkpoint's chat template, then tokenized")
+        None, description="chat messages, rendered through the checkpoint's chat template, then tokenized"
+    )
     add_generation_prompt: bool = Field(True, description="with messages: the template's cue for the reply")
-    add_special_tokens: bool = Field(True, description="accepted for vLLM's clients; this GPT-2 tokenizer adds "
-                                     "no special token either way")
+    add_special_tokens: bool = Field(
+        True, description="accepted for vLLM's clients; this GPT-2 tokenizer adds no special token either way"
+    )
     return_token_strs: bool = Field(False, description="also return each token's vocabulary entry")
 
     @model_validator(mode="after")
-    def _one_input(self) -> "TokenizeRequest":
+    def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt and messages")
         return self

@@ -1,24 +1,41 @@
 """The API's routes, each a few lines handing the request to the module that serves it: health,
 metrics and info; TGI's /generate, /generate_stream and /; OpenAI's /v1/ routes; vLLM's tokenizer routes.
 Each declares what it answers (openapi_responses), so /openapi.json describes what the server does."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
 from server.api.errors import FAILED_GENERATION, APIError
-from server.api.openapi_responses import (GENERATION_ERRORS, EventStreamResponse, PrometheusResponse, errors,
-                                          event_stream)
+from server.api.openapi_responses import (
+    GENERATION_ERRORS,
+    EventStreamResponse,
+    PrometheusResponse,
+    errors,
+    event_stream,
+)
 from server.api.protocol import GenerateRequest, GenerateResponse, HealthResponse, StreamResponse
-from server.api.protocol_openai import (ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
-                                        CompletionRequest, CompletionResponse, ModelCard, ModelList)
-from server.api.protocol_tokenize import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
-                                          TokenizerInfo)
+from server.api.protocol_openai import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+)
+from server.api.protocol_tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    TokenizerInfo,
+)
 from server.api.serving_chat import chat_completion
 from server.api.serving_completions import openai_completion
 from server.api.serving_tgi import tgi_generate
 from server.api.serving_tokenize import detokenize, tokenize, tokenizer_info
 from server.api.state import AppState
-
 
 
 def service_router(state: AppState) -> APIRouter:
@@ -41,14 +58,23 @@ def service_router(state: AppState) -> APIRouter:
         engine, limits = state.ready_engine(), state.limits
         about = engine.info
         max_input = min(engine.context_length - 1, limits.max_input_tokens or engine.context_length)
-        return {"model_id": state.model_name, "model_dtype": about.model_dtype, "model_device_type": about.device_type,
-                "max_input_tokens": max_input, "max_total_tokens": engine.context_length,
-                "max_new_tokens": limits.max_new_tokens, "max_stop_sequences": limits.max_stop_sequences,
-                "max_batch_size": engine.config.max_num_seqs, "max_waiting_requests": engine.config.max_waiting,
-                "max_batch_total_tokens": about.num_blocks * about.block_size,
-                "block_size": about.block_size, "prefix_caching": engine.config.enable_prefix_caching,
-                "kernels": about.kernels,
-                "request_timeout_s": limits.request_timeout, "router": "kvserve"}
+        return {
+            "model_id": state.model_name,
+            "model_dtype": about.model_dtype,
+            "model_device_type": about.device_type,
+            "max_input_tokens": max_input,
+            "max_total_tokens": engine.context_length,
+            "max_new_tokens": limits.max_new_tokens,
+            "max_stop_sequences": limits.max_stop_sequences,
+            "max_batch_size": engine.config.max_num_seqs,
+            "max_waiting_requests": engine.config.max_waiting,
+            "max_batch_total_tokens": about.num_blocks * about.block_size,
+            "block_size": about.block_size,
+            "prefix_caching": engine.config.enable_prefix_caching,
+            "kernels": about.kernels,
+            "request_timeout_s": limits.request_timeout,
+            "router": "kvserve",
+        }
 
     return router
 
@@ -57,27 +83,40 @@ def tgi_router(state: AppState) -> APIRouter:
     """TGI's generation routes."""
     router = APIRouter()
 
-    @router.post("/generate", response_model=GenerateResponse,
-                 responses={**event_stream(StreamResponse, False, GenerateResponse),
-                            **errors(*GENERATION_ERRORS, FAILED_GENERATION, openai=False)})
+    @router.post(
+        "/generate",
+        response_model=GenerateResponse,
+        responses={
+            **event_stream(StreamResponse, False, GenerateResponse),
+            **errors(*GENERATION_ERRORS, FAILED_GENERATION, openai=False),
+        },
+    )
     async def generate(request: Request, body: GenerateRequest):
         """Streams when `stream` is true or the request accepts text/event-stream."""
         stream = body.stream or "text/event-stream" in request.headers.get("accept", "")
         return await tgi_generate(request, body, state.ready_engine(), state.metrics, state.limits, stream=stream)
 
-    @router.post("/generate_stream", response_class=EventStreamResponse,
-                 responses={**event_stream(StreamResponse, False),
-                            **errors(*GENERATION_ERRORS, openai=False, json_route=False)})
+    @router.post(
+        "/generate_stream",
+        response_class=EventStreamResponse,
+        responses={**event_stream(StreamResponse, False), **errors(*GENERATION_ERRORS, openai=False, json_route=False)},
+    )
     async def generate_stream(request: Request, body: GenerateRequest):
         return await tgi_generate(request, body, state.ready_engine(), state.metrics, state.limits, stream=True)
 
-    @router.post("/", response_model=list[GenerateResponse],
-                 responses={**event_stream(StreamResponse, False),
-                            **errors(*GENERATION_ERRORS, FAILED_GENERATION, openai=False)})
+    @router.post(
+        "/",
+        response_model=list[GenerateResponse],
+        responses={
+            **event_stream(StreamResponse, False),
+            **errors(*GENERATION_ERRORS, FAILED_GENERATION, openai=False),
+        },
+    )
     async def compat_generate(request: Request, body: GenerateRequest):
         """TGI's compatibility route (huggingface_hub's InferenceClient posts here)."""
-        return await tgi_generate(request, body, state.ready_engine(), state.metrics, state.limits,
-                                  stream=body.stream, as_list=True)
+        return await tgi_generate(
+            request, body, state.ready_engine(), state.metrics, state.limits, stream=body.stream, as_list=True
+        )
 
     return router
 
@@ -87,23 +126,28 @@ def openai_router(state: AppState) -> APIRouter:
     router = APIRouter()
     generation_errors = errors(*GENERATION_ERRORS, 404, openai=True)
 
-    @router.post("/v1/completions", response_model=CompletionResponse,
-                 responses={**event_stream(CompletionResponse, True, CompletionResponse), **generation_errors})
+    @router.post(
+        "/v1/completions",
+        response_model=CompletionResponse,
+        responses={**event_stream(CompletionResponse, True, CompletionResponse), **generation_errors},
+    )
     async def completions(request: Request, body: CompletionRequest):
-        return await openai_completion(request, body, state.ready_engine(), state.metrics, state.limits,
-                                       state.names)
+        return await openai_completion(request, body, state.ready_engine(), state.metrics, state.limits, state.names)
 
-    @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
-                 responses={**event_stream(ChatCompletionChunk, True, ChatCompletionResponse), **generation_errors})
+    @router.post(
+        "/v1/chat/completions",
+        response_model=ChatCompletionResponse,
+        responses={**event_stream(ChatCompletionChunk, True, ChatCompletionResponse), **generation_errors},
+    )
     async def chat_completions(request: Request, body: ChatCompletionRequest):
-        return await chat_completion(request, body, state.ready_engine(), state.metrics, state.limits,
-                                     state.names)
+        return await chat_completion(request, body, state.ready_engine(), state.metrics, state.limits, state.names)
 
     @router.get("/v1/models", response_model=ModelList, responses=errors(401, 503, openai=True))
     async def models():
         context = state.ready_engine().context_length
-        return ModelList(data=[ModelCard(id=name, created=state.created, max_model_len=context)
-                               for name in state.names.names]).model_dump()
+        return ModelList(
+            data=[ModelCard(id=name, created=state.created, max_model_len=context) for name in state.names.names]
+        ).model_dump()
 
     return router
 

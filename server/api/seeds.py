@@ -1,5 +1,6 @@
 """A request's seed as the API reports it, and the seeds of its copies (n, best_of). The rules themselves
 (how a seed is drawn, how a copy's is derived) live in model.sampling."""
+
 from __future__ import annotations
 
 from dataclasses import replace

@@ -1,6 +1,7 @@
 """OpenAI's `/v1/chat/completions`, for a checkpoint whose tokenizer_config.json carries a chat template:
 the messages rendered through it, then generated as a completion; answered whole or streamed as
 chat.completion.chunk events. Without a template the route answers 400 and says so, as vLLM does."""
+
 from __future__ import annotations
 
 import time
@@ -12,17 +13,27 @@ from fastapi.responses import JSONResponse
 
 from model.sampling import SamplingParams
 from server.api.chat_template import ChatTemplateError, ContentError, render, text_content
-from server.api.metrics import Metrics
 from server.api.encoding import encode
 from server.api.errors import APIError
 from server.api.generation import Generation, tokens_of
 from server.api.limits import Limits
+from server.api.metrics import Metrics
 from server.api.model_names import ServedNames
 from server.api.openai_output import OPENAI_FINISH, usage_of, usage_so_far
 from server.api.params import logit_bias_of, sampling_params
-from server.api.protocol_openai import (ChatChoice, ChatChoiceLogprobs, ChatChunkChoice, ChatCompletionChunk,
-                                        ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatLogprob,
-                                        ChatMessage, ChatResponseMessage, ChatTokenLogprob)
+from server.api.protocol_openai import (
+    ChatChoice,
+    ChatChoiceLogprobs,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatLogprob,
+    ChatMessage,
+    ChatResponseMessage,
+    ChatTokenLogprob,
+)
 from server.api.seeds import copies_of, seed_for
 from server.api.sse import DONE, NOTHING_YET, error_event, sse, sse_response
 from server.engine import FINISH_ERROR, Engine, TokenOutput
@@ -32,9 +43,13 @@ def chat_prompt(engine: Engine, messages: list[ChatMessage], add_generation_prom
     """The messages rendered through the checkpoint's chat template (a 400 without one, as vLLM)."""
     template = engine.tokenizer.chat_template
     if template is None:
-        raise APIError(400, f"the model {model_name!r} has no chat template (chat_template in its "
-                       "tokenizer_config.json), so /v1/chat/completions cannot format messages for it; "
-                       "send the text to /v1/completions instead", "invalid_request")
+        raise APIError(
+            400,
+            f"the model {model_name!r} has no chat template (chat_template in its "
+            "tokenizer_config.json), so /v1/chat/completions cannot format messages for it; "
+            "send the text to /v1/completions instead",
+            "invalid_request",
+        )
     eos = engine.tokenizer.decode([engine.tokenizer.eos_token_id]) if engine.tokenizer.eos_token_id is not None else ""
     try:
         rendered = []
@@ -55,56 +70,100 @@ def chat_params(body: ChatCompletionRequest, engine: Engine, limits: Limits, pro
     limits.check_count("n", body.n, "max_n")
     limits.check_count("top_logprobs", body.top_logprobs, "max_logprobs")
     top = (body.top_logprobs or 0) if body.logprobs else 0
-    return sampling_params(engine.model_config.vocab_size, max_new_tokens=max_new, temperature=temperature,
-                           top_k=body.top_k or 0, top_p=body.top_p or 1.0,
-                           repetition_penalty=body.repetition_penalty or 1.0, presence_penalty=body.presence_penalty,
-                           frequency_penalty=body.frequency_penalty,
-                           logit_bias=logit_bias_of(body.logit_bias, engine.model_config.vocab_size),
-                           seed=seed_for(temperature > 0, body.seed), stop=tuple(body.stop_list),
-                           ignore_eos=body.ignore_eos, logprobs=top)
+    return sampling_params(
+        engine.model_config.vocab_size,
+        max_new_tokens=max_new,
+        temperature=temperature,
+        top_k=body.top_k or 0,
+        top_p=body.top_p or 1.0,
+        repetition_penalty=body.repetition_penalty or 1.0,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=logit_bias_of(body.logit_bias, engine.model_config.vocab_size),
+        seed=seed_for(temperature > 0, body.seed),
+        stop=tuple(body.stop_list),
+        ignore_eos=body.ignore_eos,
+        logprobs=top,
+    )
 
 
 def _logprobs(engine: Engine, outs: list[TokenOutput], top: int) -> ChatChoiceLogprobs:
     def entry(token_id: int, text: str, logprob: float) -> dict:
         return dict(token=text, logprob=logprob, bytes=list(engine.tokenizer.token_bytes(token_id)))
 
-    return ChatChoiceLogprobs(content=[ChatTokenLogprob(  # each token by its own text, as its bytes are
-        **entry(o.token_id, engine.tokenizer.decode([o.token_id]), o.logprob),
-        top_logprobs=[ChatLogprob(**entry(t, engine.tokenizer.decode([t]), lp)) for t, lp in (o.top_logprobs or [])]
-        if top else []) for o in outs])
+    return ChatChoiceLogprobs(
+        content=[
+            ChatTokenLogprob(  # each token by its own text, as its bytes are
+                **entry(o.token_id, engine.tokenizer.decode([o.token_id]), o.logprob),
+                top_logprobs=[
+                    ChatLogprob(**entry(t, engine.tokenizer.decode([t]), lp)) for t, lp in (o.top_logprobs or [])
+                ]
+                if top
+                else [],
+            )
+            for o in outs
+        ]
+    )
 
 
-async def chat_completion(request: Request, body: ChatCompletionRequest, engine: Engine, metrics: Metrics,
-                          limits: Limits, names: ServedNames):
+async def chat_completion(
+    request: Request, body: ChatCompletionRequest, engine: Engine, metrics: Metrics, limits: Limits, names: ServedNames
+):
     names.check(body.model)
     limits.check_stop(body.stop_list, "stop")
     prompt_ids = await encode(engine, chat_prompt(engine, body.messages, body.add_generation_prompt, names.primary))
     limits.check_prompt(len(prompt_ids))
     params = chat_params(body, engine, limits, len(prompt_ids))
-    gen = Generation(engine, metrics, [prompt_ids], copies_of(params, body.n), body.use_cache,
-                     timeout=limits.deadline(body.timeout), max_tokens_field="max_tokens", cache_salt=body.cache_salt,
-                     speculative=body.speculative)
+    gen = Generation(
+        engine,
+        metrics,
+        [prompt_ids],
+        copies_of(params, body.n),
+        body.use_cache,
+        timeout=limits.deadline(body.timeout),
+        max_tokens_field="max_tokens",
+        cache_salt=body.cache_salt,
+        speculative=body.speculative,
+    )
     await gen.admitted()
     head = dict(id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()), model=names.primary)
     if body.stream:
-        return sse_response(_chat_events(engine, gen.events(request), head, body, prompt_ids), gen.cancel,
-                            openai=True, more_ready=gen.has_ready)
+        return sse_response(
+            _chat_events(engine, gen.events(request), head, body, prompt_ids),
+            gen.cancel,
+            openai=True,
+            more_ready=gen.has_ready,
+        )
     outs = await gen.collect(request)
-    choices = [ChatChoice(index=k, message=ChatResponseMessage(content="".join(o.text for o in tokens_of(events))),
-                          logprobs=_logprobs(engine, tokens_of(events), params.logprobs) if body.logprobs else None,
-                          finish_reason=OPENAI_FINISH[events[-1].finish_reason]) for k, events in enumerate(outs)]
+    choices = [
+        ChatChoice(
+            index=k,
+            message=ChatResponseMessage(content="".join(o.text for o in tokens_of(events))),
+            logprobs=_logprobs(engine, tokens_of(events), params.logprobs) if body.logprobs else None,
+            finish_reason=OPENAI_FINISH[events[-1].finish_reason],
+        )
+        for k, events in enumerate(outs)
+    ]
     answer = ChatCompletionResponse(**head, choices=choices, usage=usage_of([prompt_ids], outs, body.n))
     return JSONResponse(answer.model_dump(mode="json"))
 
 
-async def _chat_events(engine: Engine, events: AsyncIterator[tuple[int, TokenOutput]], head: dict,
-                       body: ChatCompletionRequest, prompt_ids: list[int]) -> AsyncIterator[str]:
+async def _chat_events(
+    engine: Engine,
+    events: AsyncIterator[tuple[int, TokenOutput]],
+    head: dict,
+    body: ChatCompletionRequest,
+    prompt_ids: list[int],
+) -> AsyncIterator[str]:
     generated = [0] * body.n
 
     def chunk(**choice) -> str:  # with continuous_usage_stats, the choice's usage so far
         usage = usage_so_far(len(prompt_ids), generated[choice["index"]]) if body.continuous_usage else None
-        return sse(ChatCompletionChunk(**head, choices=[ChatChunkChoice(**choice)], usage=usage).model_dump_json(
-            exclude=None if usage else {"usage"}))
+        return sse(
+            ChatCompletionChunk(**head, choices=[ChatChunkChoice(**choice)], usage=usage).model_dump_json(
+                exclude=None if usage else {"usage"}
+            )
+        )
 
     started = [False] * body.n
     choices: list[list[TokenOutput]] = [[] for _ in range(body.n)]
@@ -125,8 +184,12 @@ async def _chat_events(engine: Engine, events: AsyncIterator[tuple[int, TokenOut
         held[k].append(out)
         if out.text or out.finished:  # the chunk carries the logprobs of every token since the last one
             logprobs = _logprobs(engine, held[k], body.top_logprobs or 0) if body.logprobs else None
-            yield chunk(index=k, delta=ChatDelta(content=out.text), logprobs=logprobs,
-                        finish_reason=OPENAI_FINISH.get(out.finish_reason))
+            yield chunk(
+                index=k,
+                delta=ChatDelta(content=out.text),
+                logprobs=logprobs,
+                finish_reason=OPENAI_FINISH.get(out.finish_reason),
+            )
             held[k] = []
         else:
             yield NOTHING_YET

@@ -1,6 +1,7 @@
 """OpenAI's `/v1/completions`: one or more prompts (text or token ids), n choices each (or the n likeliest
 of best_of), logprobs with top alternatives, echo with the prompt's own logprobs, scoring a prompt with
 max_tokens 0, penalties and logit bias; streamed as text_completion chunks or answered whole."""
+
 from __future__ import annotations
 
 import json
@@ -12,16 +13,20 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from model.sampling import SamplingParams
-from server.api.metrics import Metrics
 from server.api.encoding import encode
-from server.api.errors import APIError
 from server.api.generation import Generation, tokens_of
 from server.api.limits import Limits
+from server.api.metrics import Metrics
 from server.api.model_names import ServedNames
 from server.api.openai_output import OPENAI_FINISH, usage_of, usage_so_far
 from server.api.params import logit_bias_of, sampling_params
-from server.api.protocol_openai import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
-                                        Usage)
+from server.api.protocol_openai import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    Usage,
+)
 from server.api.seeds import copies_of, seed_for
 from server.api.sse import DONE, NOTHING_YET, error_event, sse_response
 from server.engine import FINISH_ERROR, Engine, TokenOutput
@@ -35,13 +40,22 @@ def completion_params(r: CompletionRequest, engine: Engine, limits: Limits) -> S
     limits.check_count("n", r.n, "max_n")
     limits.check_count("best_of", r.best_of, "max_best_of")
     limits.check_count("logprobs", r.logprobs, "max_logprobs")
-    return sampling_params(engine.model_config.vocab_size, max_new_tokens=max_tokens, temperature=temperature,
-                           top_k=r.top_k or 0, top_p=r.top_p or 1.0, repetition_penalty=r.repetition_penalty or 1.0,
-                           presence_penalty=r.presence_penalty, frequency_penalty=r.frequency_penalty,
-                           logit_bias=logit_bias_of(r.logit_bias, engine.model_config.vocab_size),
-                           seed=seed_for(temperature > 0, r.seed), stop=tuple(r.stop_list), ignore_eos=r.ignore_eos,
-                           logprobs=r.logprobs or 0, prompt_logprobs=r.logprobs if r.echo and r.logprobs is not None
-                           else (0 if r.max_tokens == 0 else None))
+    return sampling_params(
+        engine.model_config.vocab_size,
+        max_new_tokens=max_tokens,
+        temperature=temperature,
+        top_k=r.top_k or 0,
+        top_p=r.top_p or 1.0,
+        repetition_penalty=r.repetition_penalty or 1.0,
+        presence_penalty=r.presence_penalty,
+        frequency_penalty=r.frequency_penalty,
+        logit_bias=logit_bias_of(r.logit_bias, engine.model_config.vocab_size),
+        seed=seed_for(temperature > 0, r.seed),
+        stop=tuple(r.stop_list),
+        ignore_eos=r.ignore_eos,
+        logprobs=r.logprobs or 0,
+        prompt_logprobs=r.logprobs if r.echo and r.logprobs is not None else (0 if r.max_tokens == 0 else None),
+    )
 
 
 async def prompt_ids_of(engine: Engine, prompts: list[str | list[int]], limits: Limits) -> list[list[int]]:
@@ -67,20 +81,27 @@ class LogprobsBuilder:
         scored = {e.position: e for e in (first.prompt_logprobs or [])} if first is not None else {}
         tokens = [self.decode([t]) for t in prompt_ids]
         logprobs = [scored[i].logprob if i in scored else None for i in range(len(prompt_ids))]
-        top = [self._top(scored[i].top, prompt_ids[i], scored[i].logprob) if i in scored else None
-               for i in range(len(prompt_ids))]
-        return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs,
-                                  top_logprobs=None if self.top is None else top,
-                                  text_offset=_offsets(tokens, 0))
+        top = [
+            self._top(scored[i].top, prompt_ids[i], scored[i].logprob) if i in scored else None
+            for i in range(len(prompt_ids))
+        ]
+        return CompletionLogprobs(
+            tokens=tokens,
+            token_logprobs=logprobs,
+            top_logprobs=None if self.top is None else top,
+            text_offset=_offsets(tokens, 0),
+        )
 
     def generated(self, outs: list[TokenOutput], offset: int) -> CompletionLogprobs:
         """Generated tokens, each by its own text (as vLLM gives it: not the text it released, which is
         empty while a stop string or a split character holds it back, and several tokens' at once after)."""
         tokens = [self.decode([o.token_id]) for o in outs]
-        return CompletionLogprobs(tokens=tokens, token_logprobs=[o.logprob for o in outs],
-                                  top_logprobs=None if self.top is None else
-                                  [self._top(o.top_logprobs, o.token_id, o.logprob) for o in outs],
-                                  text_offset=_offsets(tokens, offset))
+        return CompletionLogprobs(
+            tokens=tokens,
+            token_logprobs=[o.logprob for o in outs],
+            top_logprobs=None if self.top is None else [self._top(o.top_logprobs, o.token_id, o.logprob) for o in outs],
+            text_offset=_offsets(tokens, offset),
+        )
 
     def _top(self, pairs, chosen: int, chosen_logprob: float) -> dict[str, float]:
         """The likeliest alternatives and, as OpenAI gives it, the chosen token too when it is not among
@@ -102,22 +123,35 @@ def _offsets(tokens: list[str], start: int) -> list[int]:
 def _join(a: CompletionLogprobs | None, b: CompletionLogprobs) -> CompletionLogprobs:
     if a is None:
         return b
-    return CompletionLogprobs(tokens=a.tokens + b.tokens, token_logprobs=a.token_logprobs + b.token_logprobs,
-                              top_logprobs=(a.top_logprobs or []) + (b.top_logprobs or [])
-                              if a.top_logprobs is not None or b.top_logprobs is not None else None,
-                              text_offset=a.text_offset + b.text_offset)
+    return CompletionLogprobs(
+        tokens=a.tokens + b.tokens,
+        token_logprobs=a.token_logprobs + b.token_logprobs,
+        top_logprobs=(a.top_logprobs or []) + (b.top_logprobs or [])
+        if a.top_logprobs is not None or b.top_logprobs is not None
+        else None,
+        text_offset=a.text_offset + b.text_offset,
+    )
 
 
-async def openai_completion(request: Request, body: CompletionRequest, engine: Engine, metrics: Metrics,
-                            limits: Limits, names: ServedNames):
+async def openai_completion(
+    request: Request, body: CompletionRequest, engine: Engine, metrics: Metrics, limits: Limits, names: ServedNames
+):
     names.check(body.model)
     limits.check_stop(body.stop_list, "stop")
     prompts = await prompt_ids_of(engine, body.prompts, limits)
     params = completion_params(body, engine, limits)
     n, copies = body.n, body.best_of or body.n
-    gen = Generation(engine, metrics, prompts, copies_of(params, copies), body.use_cache,
-                     timeout=limits.deadline(body.timeout), max_tokens_field="max_tokens", cache_salt=body.cache_salt,
-                     speculative=body.speculative)
+    gen = Generation(
+        engine,
+        metrics,
+        prompts,
+        copies_of(params, copies),
+        body.use_cache,
+        timeout=limits.deadline(body.timeout),
+        max_tokens_field="max_tokens",
+        cache_salt=body.cache_salt,
+        speculative=body.speculative,
+    )
     await gen.admitted()
     head = CompletionResponse(id=f"cmpl-{uuid.uuid4().hex}", created=int(time.time()), model=names.primary, choices=[])
     builder = LogprobsBuilder(engine, body.logprobs)
@@ -128,7 +162,7 @@ async def openai_completion(request: Request, body: CompletionRequest, engine: E
     outs = await gen.collect(request)
     choices, returned = [], []
     for i, prompt in enumerate(prompts):
-        group = outs[i * copies:(i + 1) * copies]
+        group = outs[i * copies : (i + 1) * copies]
         if copies > n:  # best_of: the n likeliest, by the sum of their tokens' logprobs, in that order
             group = sorted(group, key=lambda c: -sum(o.logprob for o in tokens_of(c)))[:n]
         returned += group
@@ -139,8 +173,14 @@ async def openai_completion(request: Request, body: CompletionRequest, engine: E
             if body.logprobs is not None:
                 prompt_part = builder.prompt(prompt, events[0]) if body.echo else None
                 logprobs = _join(prompt_part, builder.generated(tokens, len(echo)))
-            choices.append(CompletionChoice(index=i * n + j, text=echo + "".join(o.text for o in tokens),
-                                            logprobs=logprobs, finish_reason=OPENAI_FINISH[events[-1].finish_reason]))
+            choices.append(
+                CompletionChoice(
+                    index=i * n + j,
+                    text=echo + "".join(o.text for o in tokens),
+                    logprobs=logprobs,
+                    finish_reason=OPENAI_FINISH[events[-1].finish_reason],
+                )
+            )
     usage = usage_of(prompts, outs, copies, returned)
     return JSONResponse(head.model_copy(update={"choices": choices, "usage": usage}).model_dump(mode="json"))
 
@@ -155,13 +195,21 @@ class ChunkEncoder:
     def __call__(self, choice: CompletionChoice, usage: Usage | None = None) -> str:
         logprobs = "null" if choice.logprobs is None else choice.logprobs.model_dump_json()
         usage_part = "" if usage is None else f',"usage":{usage.model_dump_json()}'
-        return (f'{self._prefix}{{"index":{choice.index},"text":{json.dumps(choice.text, ensure_ascii=False)},'
-                f'"logprobs":{logprobs},"finish_reason":{json.dumps(choice.finish_reason)}}}]{usage_part}}}\n\n')
+        return (
+            f'{self._prefix}{{"index":{choice.index},"text":{json.dumps(choice.text, ensure_ascii=False)},'
+            f'"logprobs":{logprobs},"finish_reason":{json.dumps(choice.finish_reason)}}}]{usage_part}}}\n\n'
+        )
 
 
-async def _completion_events(events: AsyncIterator[tuple[int, TokenOutput]], head: CompletionResponse,
-                             body: CompletionRequest, prompts: list[list[int]], texts: list[str],
-                             builder: LogprobsBuilder, gen: Generation) -> AsyncIterator[str]:
+async def _completion_events(
+    events: AsyncIterator[tuple[int, TokenOutput]],
+    head: CompletionResponse,
+    body: CompletionRequest,
+    prompts: list[list[int]],
+    texts: list[str],
+    builder: LogprobsBuilder,
+    gen: Generation,
+) -> AsyncIterator[str]:
     encode_chunk, n = ChunkEncoder(head), body.n
     offsets = [len(texts[k // n]) if body.echo else 0 for k in range(len(prompts) * n)]
     echoed = [False] * len(offsets)
@@ -193,8 +241,11 @@ async def _completion_events(events: AsyncIterator[tuple[int, TokenOutput]], hea
         held[k].append(out)
         if out.text or out.finished:  # the chunk carries the logprobs of every token since the last one
             logprobs = builder.generated(held[k], offsets[k]) if body.logprobs is not None else None
-            yield chunk(CompletionChoice(index=k, text=out.text, logprobs=logprobs,
-                                         finish_reason=OPENAI_FINISH.get(out.finish_reason)))
+            yield chunk(
+                CompletionChoice(
+                    index=k, text=out.text, logprobs=logprobs, finish_reason=OPENAI_FINISH.get(out.finish_reason)
+                )
+            )
             offsets[k] += len(out.text)
             held[k] = []
         else:

@@ -1,5 +1,6 @@
 """TGI's routes (`/generate`, `/generate_stream`, `/`): parameters to engine requests, answers and events
 in TGI's shapes, with details (prefill logprobs, top tokens, best_of sequences) when asked for."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,14 +12,24 @@ from fastapi.responses import JSONResponse, Response
 
 from model.sampling import SamplingParams
 from server.api.attention_view import attention_of_generation
-from server.api.metrics import Metrics
-from server.api.protocol import (AttentionWeights, BestOfSequence, Details, GenerateParameters, GenerateRequest,
-                                 GenerateResponse, PrefillToken, StreamDetails, StreamResponse, Token)
 from server.api.encoding import encode
 from server.api.errors import APIError
 from server.api.generation import Generation, tokens_of
 from server.api.limits import Limits
+from server.api.metrics import Metrics
 from server.api.params import sampling_params
+from server.api.protocol import (
+    AttentionWeights,
+    BestOfSequence,
+    Details,
+    GenerateParameters,
+    GenerateRequest,
+    GenerateResponse,
+    PrefillToken,
+    StreamDetails,
+    StreamResponse,
+    Token,
+)
 from server.api.seeds import copies_of, seed_for
 from server.api.sse import error_event, sse, sse_response
 from server.engine import FINISH_EOS, FINISH_ERROR, FINISH_STOP, Engine, TokenOutput
@@ -38,15 +49,25 @@ def tgi_sampling_params(p: GenerateParameters, prompt_len: int, engine: Engine, 
     limits.check_count("parameters.top_n_tokens", p.top_n_tokens, "max_logprobs")
     limits.check_count("parameters.best_of", p.best_of, "max_best_of")
     if (p.best_of or 1) > 1 and not sampling:
-        raise APIError(422, "parameters.best_of > 1 needs sampling (do_sample, temperature, top_k or top_p), as "
-                       "in TGI", "validation")
-    return sampling_params(engine.model_config.vocab_size, max_new_tokens=max_new,
-                           temperature=(p.temperature or 1.0) if sampling else 0.0,
-                           top_k=(p.top_k or 0) if sampling else 0, top_p=(p.top_p or 1.0) if sampling else 1.0,
-                           repetition_penalty=p.repetition_penalty or 1.0,
-                           frequency_penalty=p.frequency_penalty or 0.0, seed=seed_for(sampling, p.seed),
-                           stop=tuple(p.stop), ignore_eos=p.ignore_eos, logprobs=p.top_n_tokens or 0,
-                           prompt_logprobs=0 if p.decoder_input_details else None)
+        raise APIError(
+            422,
+            "parameters.best_of > 1 needs sampling (do_sample, temperature, top_k or top_p), as in TGI",
+            "validation",
+        )
+    return sampling_params(
+        engine.model_config.vocab_size,
+        max_new_tokens=max_new,
+        temperature=(p.temperature or 1.0) if sampling else 0.0,
+        top_k=(p.top_k or 0) if sampling else 0,
+        top_p=(p.top_p or 1.0) if sampling else 1.0,
+        repetition_penalty=p.repetition_penalty or 1.0,
+        frequency_penalty=p.frequency_penalty or 0.0,
+        seed=seed_for(sampling, p.seed),
+        stop=tuple(p.stop),
+        ignore_eos=p.ignore_eos,
+        logprobs=p.top_n_tokens or 0,
+        prompt_logprobs=0 if p.decoder_input_details else None,
+    )
 
 
 def _token(engine: Engine, out: TokenOutput) -> Token:
@@ -57,8 +78,9 @@ def _top_tokens(engine: Engine, out: TokenOutput) -> list[Token] | None:
     if out.top_logprobs is None:
         return None
     special = engine.tokenizer.special_ids
-    return [Token(id=t, text=engine.tokenizer.decode([t]), logprob=lp, special=t in special)
-            for t, lp in out.top_logprobs]
+    return [
+        Token(id=t, text=engine.tokenizer.decode([t]), logprob=lp, special=t in special) for t, lp in out.top_logprobs
+    ]
 
 
 def _prefill(engine: Engine, prompt_ids: list[int], first: TokenOutput) -> list[PrefillToken]:
@@ -66,48 +88,77 @@ def _prefill(engine: Engine, prompt_ids: list[int], first: TokenOutput) -> list[
     if first.prompt_logprobs is None:
         return []
     logprobs = {e.position: e.logprob for e in first.prompt_logprobs}
-    return [PrefillToken(id=t, text=engine.tokenizer.decode([t]), logprob=logprobs.get(i))
-            for i, t in enumerate(prompt_ids)]
+    return [
+        PrefillToken(id=t, text=engine.tokenizer.decode([t]), logprob=logprobs.get(i)) for i, t in enumerate(prompt_ids)
+    ]
 
 
 def _timing(final: TokenOutput) -> dict:
     s = final.stats
-    return dict(use_cache=s.use_cache, cached_tokens=s.cached_tokens, draft_tokens=s.draft_tokens,
-                accepted_draft_tokens=s.accepted_draft_tokens,
-                queue_time_s=s.queue_time_s,
-                time_to_first_token_s=s.time_to_first_token_s, e2e_latency_s=s.e2e_latency_s,
-                tokens_per_s=s.tokens_per_s)
+    return dict(
+        use_cache=s.use_cache,
+        cached_tokens=s.cached_tokens,
+        draft_tokens=s.draft_tokens,
+        accepted_draft_tokens=s.accepted_draft_tokens,
+        queue_time_s=s.queue_time_s,
+        time_to_first_token_s=s.time_to_first_token_s,
+        e2e_latency_s=s.e2e_latency_s,
+        tokens_per_s=s.tokens_per_s,
+    )
 
 
 def _sequence_logprob(outs: list[TokenOutput]) -> float:
     return sum(o.logprob for o in tokens_of(outs))
 
 
-async def tgi_generate(request: Request, body: GenerateRequest, engine: Engine, metrics: Metrics, limits: Limits,
-                       *, stream: bool, as_list: bool = False):
+async def tgi_generate(
+    request: Request,
+    body: GenerateRequest,
+    engine: Engine,
+    metrics: Metrics,
+    limits: Limits,
+    *,
+    stream: bool,
+    as_list: bool = False,
+):
     """TGI's /generate (`as_list` for the `/` route, which answers a one-element list)."""
     p = body.parameters
     limits.check_stop(p.stop, "parameters.stop")
     ids = await encode(engine, body.inputs)
-    prompt_ids = ids[-p.truncate:] if p.truncate else ids
+    prompt_ids = ids[-p.truncate :] if p.truncate else ids
     limits.check_prompt(len(prompt_ids))
     params = tgi_sampling_params(p, len(prompt_ids), engine, limits)
     best_of = p.best_of or 1
     if p.return_attention and not engine.info.in_process:
-        raise APIError(422, "parameters.return_attention needs the model in this process (python -m server), "
-                       "not behind the cluster's ingress", "validation")
+        raise APIError(
+            422,
+            "parameters.return_attention needs the model in this process (python -m server), "
+            "not behind the cluster's ingress",
+            "validation",
+        )
     if stream and best_of > 1:
         raise APIError(422, "parameters.best_of > 1 cannot be streamed, as in TGI", "validation")
     if stream and p.decoder_input_details:
         raise APIError(422, "parameters.decoder_input_details cannot be streamed, as in TGI", "validation")
-    gen = Generation(engine, metrics, [prompt_ids], copies_of(params, best_of), p.use_cache,
-                     timeout=limits.deadline(p.timeout), cache_salt=p.cache_salt, speculative=p.speculative)
+    gen = Generation(
+        engine,
+        metrics,
+        [prompt_ids],
+        copies_of(params, best_of),
+        p.use_cache,
+        timeout=limits.deadline(p.timeout),
+        cache_salt=p.cache_salt,
+        speculative=p.speculative,
+    )
     await gen.admitted()
     prefix = body.inputs if p.return_full_text else ""
     attention = (lambda out_ids: attention_of_generation(engine, prompt_ids, out_ids)) if p.return_attention else None
     if stream:
-        return sse_response(_tgi_events(engine, gen.events(request), prefix, prompt_ids, attention), gen.cancel,
-                            more_ready=None if attention else gen.has_ready)  # the attention is computed off the loop
+        return sse_response(
+            _tgi_events(engine, gen.events(request), prefix, prompt_ids, attention),
+            gen.cancel,
+            more_ready=None if attention else gen.has_ready,
+        )  # the attention is computed off the loop
     choices = await gen.collect(request)
     best = max(range(best_of), key=lambda k: _sequence_logprob(choices[k]))  # the likeliest, as TGI picks
     outs, final = tokens_of(choices[best]), choices[best][-1]
@@ -116,19 +167,35 @@ async def tgi_generate(request: Request, body: GenerateRequest, engine: Engine, 
     details = None
     if with_details:
         top = [_top_tokens(engine, o) for o in outs] if p.top_n_tokens else None
-        others = [BestOfSequence(
-            generated_text=prefix + "".join(o.text for o in tokens_of(choices[k])),
-            finish_reason=TGI_FINISH[choices[k][-1].finish_reason], generated_tokens=len(tokens_of(choices[k])),
-            seed=choices[k][-1].stats.seed, prefill=_prefill(engine, prompt_ids, choices[k][0]),
-            tokens=[_token(engine, o) for o in tokens_of(choices[k])],
-            top_tokens=[_top_tokens(engine, o) for o in tokens_of(choices[k])] if p.top_n_tokens else None)
-            for k in range(best_of) if k != best] if best_of > 1 else None
-        details = Details(finish_reason=TGI_FINISH[final.finish_reason], generated_tokens=len(outs),
-                          seed=final.stats.seed, input_length=len(prompt_ids),
-                          prefill=_prefill(engine, prompt_ids, choices[best][0]),
-                          tokens=[_token(engine, o) for o in outs], top_tokens=top, best_of_sequences=others,
-                          attention=await attention([o.token_id for o in outs]) if attention else None,
-                          **_timing(final))
+        others = (
+            [
+                BestOfSequence(
+                    generated_text=prefix + "".join(o.text for o in tokens_of(choices[k])),
+                    finish_reason=TGI_FINISH[choices[k][-1].finish_reason],
+                    generated_tokens=len(tokens_of(choices[k])),
+                    seed=choices[k][-1].stats.seed,
+                    prefill=_prefill(engine, prompt_ids, choices[k][0]),
+                    tokens=[_token(engine, o) for o in tokens_of(choices[k])],
+                    top_tokens=[_top_tokens(engine, o) for o in tokens_of(choices[k])] if p.top_n_tokens else None,
+                )
+                for k in range(best_of)
+                if k != best
+            ]
+            if best_of > 1
+            else None
+        )
+        details = Details(
+            finish_reason=TGI_FINISH[final.finish_reason],
+            generated_tokens=len(outs),
+            seed=final.stats.seed,
+            input_length=len(prompt_ids),
+            prefill=_prefill(engine, prompt_ids, choices[best][0]),
+            tokens=[_token(engine, o) for o in outs],
+            top_tokens=top,
+            best_of_sequences=others,
+            attention=await attention([o.token_id for o in outs]) if attention else None,
+            **_timing(final),
+        )
     answer = GenerateResponse(generated_text=text, details=details)
     if attention is None:
         body_json = answer.model_dump(exclude_none=not with_details)
@@ -142,13 +209,19 @@ def tgi_token_event(out: TokenOutput) -> str:
     several times cheaper per streamed token than building and dumping the model."""
     text = json.dumps(out.text, ensure_ascii=False)
     special = "true" if out.special else "false"
-    return (f'data: {{"index":{out.index},"token":{{"id":{out.token_id},"text":{text},"logprob":'
-            f'{json.dumps(out.logprob)},"special":{special}}},"generated_text":null,"details":null}}\n\n')
+    return (
+        f'data: {{"index":{out.index},"token":{{"id":{out.token_id},"text":{text},"logprob":'
+        f'{json.dumps(out.logprob)},"special":{special}}},"generated_text":null,"details":null}}\n\n'
+    )
 
 
-async def _tgi_events(engine: Engine, events: AsyncIterator[tuple[int, TokenOutput]], prefix: str,
-                      prompt_ids: list[int], attention: Callable[[list[int]], Awaitable[AttentionWeights]] | None
-                      ) -> AsyncIterator[str]:
+async def _tgi_events(
+    engine: Engine,
+    events: AsyncIterator[tuple[int, TokenOutput]],
+    prefix: str,
+    prompt_ids: list[int],
+    attention: Callable[[list[int]], Awaitable[AttentionWeights]] | None,
+) -> AsyncIterator[str]:
     texts: list[str] = []
     output_ids: list[int] = []
     async for _, out in events:
@@ -165,10 +238,14 @@ async def _tgi_events(engine: Engine, events: AsyncIterator[tuple[int, TokenOutp
         event = StreamResponse(index=out.index, token=_token(engine, out), top_tokens=top)
         if out.finished:
             event.generated_text = prefix + "".join(texts)
-            event.details = StreamDetails(finish_reason=TGI_FINISH[out.finish_reason], generated_tokens=out.index,
-                                          seed=out.stats.seed, input_length=len(prompt_ids),
-                                          attention=await attention(output_ids) if attention else None,
-                                          **_timing(out))
+            event.details = StreamDetails(
+                finish_reason=TGI_FINISH[out.finish_reason],
+                generated_tokens=out.index,
+                seed=out.stats.seed,
+                input_length=len(prompt_ids),
+                attention=await attention(output_ids) if attention else None,
+                **_timing(out),
+            )
             if attention is not None:  # a large payload: encoded off the event loop
                 yield await asyncio.to_thread(sse, event)
                 continue

@@ -1,13 +1,19 @@
 """vLLM's tokenizer routes: text or chat messages to token ids, ids back to text, and the tokenizer's
 special tokens and chat template, so that a client needs no copy of the tokenizer."""
+
 from __future__ import annotations
 
 from model.tokenizer import TokenizerError
 from server.api.encoding import encode
 from server.api.errors import APIError
 from server.api.model_names import ServedNames
-from server.api.protocol_tokenize import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
-                                          TokenizerInfo)
+from server.api.protocol_tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    TokenizerInfo,
+)
 from server.api.serving_chat import chat_prompt
 from server.engine import Engine
 
@@ -16,8 +22,11 @@ TOKENIZER_CLASS = "GPT2Tokenizer"  # the class transformers' AutoTokenizer loads
 
 async def tokenize(body: TokenizeRequest, engine: Engine, names: ServedNames) -> TokenizeResponse:
     names.check(body.model)
-    text = body.prompt if body.messages is None else chat_prompt(engine, body.messages, body.add_generation_prompt,
-                                                                  names.primary)
+    text = (
+        body.prompt
+        if body.messages is None
+        else chat_prompt(engine, body.messages, body.add_generation_prompt, names.primary)
+    )
     ids = await encode(engine, text)
     strs = [engine.tokenizer.hf.id_to_token(t) for t in ids] if body.return_token_strs else None
     return TokenizeResponse(count=len(ids), max_model_len=engine.context_length, tokens=ids, token_strs=strs)
@@ -35,6 +44,11 @@ def tokenizer_info(engine: Engine) -> TokenizerInfo:
     tok, config = engine.tokenizer, engine.model_config
     eos = tok.decode([tok.eos_token_id]) if tok.eos_token_id is not None else None
     bos = tok.decode([config.bos_token_id]) if 0 <= config.bos_token_id < tok.vocab_size else None
-    return TokenizerInfo(tokenizer_class=TOKENIZER_CLASS, vocab_size=tok.vocab_size,
-                         model_max_length=engine.context_length, eos_token=eos, bos_token=bos,
-                         chat_template=tok.chat_template)
+    return TokenizerInfo(
+        tokenizer_class=TOKENIZER_CLASS,
+        vocab_size=tok.vocab_size,
+        model_max_length=engine.context_length,
+        eos_token=eos,
+        bos_token=bos,
+        chat_template=tok.chat_template,
+    )

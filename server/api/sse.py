@@ -1,4 +1,5 @@
 """Server-Sent Events: one event's text, a streamed response, and a failure as the stream's last event."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,12 @@ def error_event(out: TokenOutput, openai: bool = False) -> str:
     return "data: " + error.response(openai).body.decode() + "\n\n"
 
 
-def sse_response(events: AsyncIterator[str], on_close: Callable[[], None], openai: bool = False,
-                 more_ready: Callable[[], bool] | None = None) -> StreamingResponse:
+def sse_response(
+    events: AsyncIterator[str],
+    on_close: Callable[[], None],
+    openai: bool = False,
+    more_ready: Callable[[], bool] | None = None,
+) -> StreamingResponse:
     """A stream whose failure ends it with an error event in the route's shape (`openai`: OpenAI's).
     `more_ready` (the Generation's `has_ready`) says that more of the engine's events have already arrived:
     the events made of them go out with this one, in one write (see `guarded`).
@@ -41,14 +46,21 @@ def sse_response(events: AsyncIterator[str], on_close: Callable[[], None], opena
     before its first event (then `events` never started, so its own cleanup never runs). It runs on the
     event loop: Starlette hands a plain function to a worker thread, a thread hop per response, and the
     cluster's engine client cancels asyncio tasks, which only the loop's thread may do."""
+
     async def close() -> None:
         on_close()
-    return StreamingResponse(guarded(events, openai, more_ready), media_type="text/event-stream", headers=SSE_HEADERS,
-                             background=BackgroundTask(close))
+
+    return StreamingResponse(
+        guarded(events, openai, more_ready),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+        background=BackgroundTask(close),
+    )
 
 
-async def guarded(events: AsyncIterator[str], openai: bool = False,
-                  more_ready: Callable[[], bool] | None = None) -> AsyncIterator[str]:
+async def guarded(
+    events: AsyncIterator[str], openai: bool = False, more_ready: Callable[[], bool] | None = None
+) -> AsyncIterator[str]:
     """A failure inside a stream becomes its last event instead of a torn connection.
 
     With `more_ready`, events are joined while it says that more have arrived: tokens that reach the

@@ -1,4 +1,5 @@
 """What the app holds across requests: the engine once loaded, the limits, the metrics, shutdown."""
+
 from __future__ import annotations
 
 import gc
@@ -7,19 +8,25 @@ import threading
 import time
 from collections.abc import Callable
 
+from server.api.engine_client import EngineClient
 from server.api.errors import APIError
 from server.api.limits import Limits
 from server.api.metrics import Metrics
 from server.api.model_names import ServedNames
-from server.api.engine_client import EngineClient
 
 log = logging.getLogger("kvserve.app")
 
 
 class AppState:
-    def __init__(self, names: ServedNames, limits: Limits, shutdown_grace: float,
-                 on_load_failure: Callable[[str], None] | None = None, health: Callable[[], dict] | None = None,
-                 extra_metrics: Callable[[], str] | None = None) -> None:
+    def __init__(
+        self,
+        names: ServedNames,
+        limits: Limits,
+        shutdown_grace: float,
+        on_load_failure: Callable[[str], None] | None = None,
+        health: Callable[[], dict] | None = None,
+        extra_metrics: Callable[[], str] | None = None,
+    ) -> None:
         """`on_load_failure(reason)`: called when the engine does not load (the CLI exits); without it the
         app stays up and /health reports the reason."""
         self.names, self.limits, self.shutdown_grace = names, limits, shutdown_grace
@@ -41,8 +48,9 @@ class AppState:
         self.shutting_down = True
         log.info("shutting down: no new requests; %g s for those in flight", self.shutdown_grace)
         if self.engine is not None:
-            threading.Thread(target=self.engine.drain, args=(self.shutdown_grace,), name="kvserve-drain",
-                             daemon=True).start()
+            threading.Thread(
+                target=self.engine.drain, args=(self.shutdown_grace,), name="kvserve-drain", daemon=True
+            ).start()
 
     def ready_engine(self) -> EngineClient:
         if self.engine is None:
@@ -67,8 +75,9 @@ class AppState:
         # (BENCHMARKS.md); vLLM freezes its heap after startup too.
         gc.collect()
         gc.freeze()
-        self.metrics.bind(lambda: engine.num_running, lambda: engine.num_waiting, lambda: engine.kv_cache_usage,
-                          engine.counters)
+        self.metrics.bind(
+            lambda: engine.num_running, lambda: engine.num_waiting, lambda: engine.kv_cache_usage, engine.counters
+        )
         step_stats = getattr(engine, "step_stats_snapshot", None)  # a local Engine's, or the replicas' summed
         if step_stats is not None:
             self.metrics.bind_steps(step_stats)

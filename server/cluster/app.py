@@ -4,6 +4,7 @@
 `build_app(settings)` returns the bound application for `serve.run`; `app_builder(args)` is the entry a
 Serve config file names (`import_path: server.cluster.app:app_builder`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +20,8 @@ from server.api.limits import Limits
 from server.cluster.client import RayEngineClient
 from server.cluster.metrics import cluster_metrics
 from server.cluster.ray_router import KVCacheRequestRouter
-from server.cluster.router import DEFAULT_IMBALANCE_THRESHOLD, ROUTERS
 from server.cluster.replica import EngineReplica
+from server.cluster.router import DEFAULT_IMBALANCE_THRESHOLD, ROUTERS
 from server.engine import EngineArgs, EngineConfig
 
 log = logging.getLogger("kvserve.cluster")
@@ -61,28 +62,39 @@ class ClusterSettings:
 
 def replica_options(s: ClusterSettings) -> dict:
     """The replica deployment's Serve options: replicas or autoscaling, the router, resources."""
-    opts: dict = {"ray_actor_options": {"num_cpus": s.replica_cpus},
-                  # a replica is offered what its engine holds, running and waiting; past that, on every
-                  # replica, Serve's queue in the ingress (one for all replicas) holds --max-waiting more, then
-                  # refuses (429). With feeds, one place more in each: the ingress's feed on a replica, or one
-                  # feed waiting in the queue for a replica's room
-                  "max_ongoing_requests": s.engine.max_num_seqs + s.engine.max_waiting + int(s.feeds),
-                  "max_queued_requests": max(1, s.engine.max_waiting) + int(s.feeds),
-                  "health_check_period_s": 2.0, "health_check_timeout_s": 30.0,
-                  "graceful_shutdown_timeout_s": s.shutdown_grace}
+    opts: dict = {
+        "ray_actor_options": {"num_cpus": s.replica_cpus},
+        # a replica is offered what its engine holds, running and waiting; past that, on every
+        # replica, Serve's queue in the ingress (one for all replicas) holds --max-waiting more, then
+        # refuses (429). With feeds, one place more in each: the ingress's feed on a replica, or one
+        # feed waiting in the queue for a replica's room
+        "max_ongoing_requests": s.engine.max_num_seqs + s.engine.max_waiting + int(s.feeds),
+        "max_queued_requests": max(1, s.engine.max_waiting) + int(s.feeds),
+        "health_check_period_s": 2.0,
+        "health_check_timeout_s": 30.0,
+        "graceful_shutdown_timeout_s": s.shutdown_grace,
+    }
     if s.autoscaling:
         opts["autoscaling_config"] = AutoscalingConfig(
-            min_replicas=s.min_replicas if s.min_replicas is not None else 1, max_replicas=s.max_replicas,
-            initial_replicas=s.replicas, target_ongoing_requests=s.target_ongoing_requests)
+            min_replicas=s.min_replicas if s.min_replicas is not None else 1,
+            max_replicas=s.max_replicas,
+            initial_replicas=s.replicas,
+            target_ongoing_requests=s.target_ongoing_requests,
+        )
     else:
         opts["num_replicas"] = s.replicas
     # every policy through our router class, which sends each ingress's feed to its replica (pow2 there is
     # Ray Serve's own choice: two replicas at random, the shorter queue by Serve's probes)
     opts["request_router_config"] = RequestRouterConfig(
         request_router_class=KVCacheRequestRouter,
-        request_router_kwargs={"policy": s.router, "block_size": s.engine.block_size,
-                               "imbalance_threshold": s.imbalance_threshold},
-        request_routing_stats_period_s=ROUTING_STATS_PERIOD_S, request_routing_stats_timeout_s=5.0)
+        request_router_kwargs={
+            "policy": s.router,
+            "block_size": s.engine.block_size,
+            "imbalance_threshold": s.imbalance_threshold,
+        },
+        request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
+        request_routing_stats_timeout_s=5.0,
+    )
     return opts
 
 
@@ -93,8 +105,13 @@ class Ingress:
     def __init__(self, replicas, settings: ClusterSettings) -> None:
         self.settings = settings
         # Serve runs __init__ on the loop that serves the requests
-        self.client = RayEngineClient(replicas, engine_args_of(settings), lambda: ROUTERS.get(REPLICA_DEPLOYMENT),
-                                      asyncio.get_running_loop(), feeds=settings.feeds)
+        self.client = RayEngineClient(
+            replicas,
+            engine_args_of(settings),
+            lambda: ROUTERS.get(REPLICA_DEPLOYMENT),
+            asyncio.get_running_loop(),
+            feeds=settings.feeds,
+        )
         self.app_name = serve.get_replica_context().app_name
         self._ready = (0.0, 0)  # (when read, replicas running)
         self._load_failed: str | None = None  # why the app's load (its warmup call through the handle) failed
@@ -140,17 +157,25 @@ class Ingress:
                 return
             dep = app.deployments.get(REPLICA_DEPLOYMENT) if app is not None else None
             self._ready = (time.monotonic(), dep.replica_states.get("RUNNING", 0) if dep is not None else 0)
+
         self._reading = asyncio.ensure_future(asyncio.to_thread(read))
 
     def __serve_build_asgi_app__(self):
         from server.api.app import create_app
+
         s = self.settings
         self._asgi = create_app(
-            lambda: self.client, model_name=s.model_name or Path(s.checkpoint).name, warmup=s.warmup,
-            limits=s.limits, api_key=s.api_key, cors_origins=s.cors_origins, shutdown_grace=s.shutdown_grace,
+            lambda: self.client,
+            model_name=s.model_name or Path(s.checkpoint).name,
+            warmup=s.warmup,
+            limits=s.limits,
+            api_key=s.api_key,
+            cors_origins=s.cors_origins,
+            shutdown_grace=s.shutdown_grace,
             on_load_failure=self._on_load_failure,
             health=lambda: {"replicas_ready": self.ready_replicas(), "replicas_wanted": s.max_replicas or s.replicas},
-            extra_metrics=lambda: cluster_metrics(self.client, ROUTERS.get(REPLICA_DEPLOYMENT)))
+            extra_metrics=lambda: cluster_metrics(self.client, ROUTERS.get(REPLICA_DEPLOYMENT)),
+        )
         return self._asgi
 
     def _on_load_failure(self, reason: str) -> None:
@@ -164,8 +189,14 @@ def engine_args_of(s: ClusterSettings) -> EngineArgs:
 def build_app(s: ClusterSettings):
     engine_args = engine_args_of(s)
     replica = serve.deployment(EngineReplica, name=REPLICA_DEPLOYMENT, **replica_options(s))
-    ingress = serve.deployment(Ingress, name="Ingress", num_replicas=1, ray_actor_options={"num_cpus": 0},
-                               max_ongoing_requests=10_000, graceful_shutdown_timeout_s=s.shutdown_grace)
+    ingress = serve.deployment(
+        Ingress,
+        name="Ingress",
+        num_replicas=1,
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=10_000,
+        graceful_shutdown_timeout_s=s.shutdown_grace,
+    )
     return ingress.bind(replica.bind(engine_args, s.warmup), s)
 
 
@@ -179,6 +210,7 @@ def app_builder(args: dict):
     deployment's failure."""
     from server.__main__ import check_args
     from server.cluster.__main__ import parse_args, settings_from
+
     argv = argv_of(args)
     try:
         parsed = parse_args(argv)

@@ -17,6 +17,7 @@ itself; they are handed to the request's sinks as they come. Faults:
 - `abort` cancels the call: Ray cancels the replica's generator, which aborts the engine request, and
   the request ends here with an 'abort' event at once.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,7 +35,7 @@ from model.sampling import SamplingParams
 from server.cluster.feeds import Feeds, Followed, cancel_call, wire_id
 from server.cluster.protocol import FeedEnded, Submission, Taken
 from server.cluster.router import ReplicaReport, Router
-from server.engine import FINISH_ABORT, FINISH_ERROR, EngineArgs, EngineInfo, EngineStoppedError
+from server.engine import FINISH_ABORT, FINISH_ERROR, EngineArgs, EngineInfo, EngineStoppedError, TokenOutput
 from server.engine.step_stats import StepStatsSnapshot, merged
 
 log = logging.getLogger("kvserve.cluster")
@@ -44,8 +45,14 @@ RETRY_BACKOFF_S = 0.5  # seconds before the first retry, doubled each time
 
 
 class RayEngineClient:
-    def __init__(self, handle, engine_args: EngineArgs, router: Callable[[], Router | None],
-                 loop: asyncio.AbstractEventLoop, feeds: bool = True) -> None:
+    def __init__(
+        self,
+        handle,
+        engine_args: EngineArgs,
+        router: Callable[[], Router | None],
+        loop: asyncio.AbstractEventLoop,
+        feeds: bool = True,
+    ) -> None:
         """`handle`: the replicas' DeploymentHandle; `engine_args`: what each replica runs; `router`: this
         process's router once Ray Serve made it; `loop`: the ingress's event loop, where the handle is used
         (Ray Serve may run the handle's router on it, and then refuses calls from other threads); `feeds`:
@@ -74,22 +81,45 @@ class RayEngineClient:
         reports = self.reports()
         num_blocks = reports[0].num_blocks if reports else (self.config.num_blocks or 0)
         kernels = reports[0].kernels if reports else self.config.kernels
-        return EngineInfo(self.engine_args.dtype, self.engine_args.device.split(":")[0], kernels, num_blocks,
-                          self.config.block_size, self.config, in_process=False)
+        return EngineInfo(
+            self.engine_args.dtype,
+            self.engine_args.device.split(":")[0],
+            kernels,
+            num_blocks,
+            self.config.block_size,
+            self.config,
+            in_process=False,
+        )
 
     # ---- what the api layer calls -----------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Callable[[TokenOutput], None], *,
-               use_cache: bool = True, request_id: str | None = None, cache_salt: str | None = None,
-               speculative: bool = True) -> str:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        sink: Callable[[TokenOutput], None],
+        *,
+        use_cache: bool = True,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+        speculative: bool = True,
+    ) -> str:
         self._check_admitting()
         check_prompt(prompt_ids, params.max_new_tokens, self.context_length, self.model_config.vocab_size)
         rid = request_id or f"cl-{uuid.uuid4().hex}"
         self._start(Submission([rid], list(prompt_ids), [params], use_cache, cache_salt, speculative), [sink])
         return rid
 
-    def submit_copies(self, prompt_ids: list[int], params: list[SamplingParams], sinks: list,
-                      *, use_cache: bool = True, cache_salt: str | None = None, speculative: bool = True) -> list[str]:
+    def submit_copies(
+        self,
+        prompt_ids: list[int],
+        params: list[SamplingParams],
+        sinks: list,
+        *,
+        use_cache: bool = True,
+        cache_salt: str | None = None,
+        speculative: bool = True,
+    ) -> list[str]:
         self._check_admitting()
         for p in params:
             check_prompt(prompt_ids, p.max_new_tokens, self.context_length, self.model_config.vocab_size)
@@ -135,31 +165,38 @@ class RayEngineClient:
     def counters(self) -> dict[str, float]:
         """The engine's running totals for /metrics, summed over the replicas' last reports."""
         reports = self.reports()
-        return {"prefix_cache_queries": sum(r.prefix_cache_queries for r in reports),
-                "prefix_cache_hits": sum(r.prefix_cache_hits for r in reports),
-                "num_preemptions": sum(r.preemptions for r in reports)}
+        return {
+            "prefix_cache_queries": sum(r.prefix_cache_queries for r in reports),
+            "prefix_cache_hits": sum(r.prefix_cache_hits for r in reports),
+            "num_preemptions": sum(r.preemptions for r in reports),
+        }
 
     def step_stats_snapshot(self) -> StepStatsSnapshot:
         """The replicas' engine steps, summed over their last reports."""
         target_ms = self.config.target_step_ms
-        return merged([StepStatsSnapshot.from_builtins(r.step_stats) for r in self.reports() if r.step_stats],
-                      None if target_ms is None else target_ms / 1000, self.config.max_num_batched_tokens)
+        return merged(
+            [StepStatsSnapshot.from_builtins(r.step_stats) for r in self.reports() if r.step_stats],
+            None if target_ms is None else target_ms / 1000,
+            self.config.max_num_batched_tokens,
+        )
 
     # ---- life cycle (the app's) ---------------------------------------------------------------------
 
-    def start(self) -> "RayEngineClient":
+    def start(self) -> RayEngineClient:
         return self
 
     def warmup(self) -> None:
         """One short request through the handle, sent on the ingress's loop from the loading thread: the
         request router is created and the path is warm."""
         params = SamplingParams(max_new_tokens=2, temperature=0)
-        sub = Submission([f"warmup-{uuid.uuid4().hex}"], (self.tokenizer.encode("Hello") or [0])[:8], [params], True,
-                         "warmup")
+        sub = Submission(
+            [f"warmup-{uuid.uuid4().hex}"], (self.tokenizer.encode("Hello") or [0])[:8], [params], True, "warmup"
+        )
 
         async def call() -> None:
             async for _ in self.handle.remote(sub):
                 pass
+
         asyncio.run_coroutine_threadsafe(call(), self.loop).result()
 
     @property
@@ -221,9 +258,14 @@ class RayEngineClient:
             for attempt in range(RETRIES + 1):
                 try:
                     self.feeds.expect(followed)
-                    response = self.handle.remote(replace(sub, request_ids=list(followed.wire_ids),
-                                                          ingress_id=self.ingress_id,
-                                                          dead_feeds=self.feeds.dead_feeds()))
+                    response = self.handle.remote(
+                        replace(
+                            sub,
+                            request_ids=list(followed.wire_ids),
+                            ingress_id=self.ingress_id,
+                            dead_feeds=self.feeds.dead_feeds(),
+                        )
+                    )
                     if await self._read_call(response, followed, admission):
                         await self._on_feed(response, followed)
                     return
@@ -236,8 +278,11 @@ class RayEngineClient:
                     if not followed.open_ids:  # ended already (its events said how)
                         return
                     if not followed.started and attempt < RETRIES and _worth_again(e):
-                        log.warning("request %s lost its replica or feed before it started (%s); retrying",
-                                    sub.request_ids[0], _message(e))
+                        log.warning(
+                            "request %s lost its replica or feed before it started (%s); retrying",
+                            sub.request_ids[0],
+                            _message(e),
+                        )
                         router = self._router()
                         if router is not None:  # the next attempt is a call of its own, routed again
                             router.release(wire_id(sub.request_ids[0], attempt))
@@ -319,6 +364,7 @@ def _cause(e: BaseException) -> BaseException:
 
 def _replica_gone(e: BaseException) -> bool:
     from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
     return isinstance(e, (ActorDiedError, ActorUnavailableError, RayActorError))
 
 
@@ -334,6 +380,7 @@ def _refusal(e: BaseException) -> Exception | None:
     from ray.serve.exceptions import BackPressureError
 
     from server.engine import EngineStoppedError, QueueFullError
+
     cause = _cause(e)
     if isinstance(cause, (PromptError, QueueFullError, EngineStoppedError)):  # PromptError: its KV cache's size
         return cause
@@ -346,6 +393,7 @@ def _error_type(e: BaseException) -> str:
     """A failure's error_type, where it is no refusal answered as one (a retry refused after the request's
     first attempt was taken): Serve's full queue is as overloaded as the engine's (a 429, not a 500)."""
     from server.engine import EngineStoppedError, QueueFullError
+
     if isinstance(e, FeedLost):
         return e.error_type
     refusal = _refusal(e)
@@ -354,5 +402,3 @@ def _error_type(e: BaseException) -> str:
     if isinstance(refusal, QueueFullError):
         return "overloaded"
     return "generation"
-
-

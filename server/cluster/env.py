@@ -1,4 +1,5 @@
 """How Ray Serve is set up in a Ray that we start ourselves (imports no Ray: it must run before Ray is imported)."""
+
 from __future__ import annotations
 
 
@@ -8,10 +9,12 @@ def direct_ingress_env(first_port: int, ports: int = 1) -> dict[str, str]:
     replica serve HTTP itself, so a token crosses one process boundary (replica to ingress) instead of
     two (then ingress to Serve's HTTP proxy); the ingress replicas listen on `first_port` onwards, one
     port per application; no draining hold on shutdown (it waits for load balancers, and there is none)."""
-    return {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(first_port),
-            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(first_port + ports),
-            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"}
+    return {
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(first_port),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(first_port + ports),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+    }
 
 
 def own_ray_env() -> dict[str, str]:

@@ -11,6 +11,7 @@ reason, the request ends with an error (the replica aborts it too), never a hang
 call has request ids of its own on the wire (`Followed.wire_ids`), so an event of an attempt given up
 (a retry after a replica fault) is never taken for the next one's.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -203,8 +204,7 @@ class Feeds:
             why = f"the replica's stream of events failed: {type(e).__name__}: {e}"
             # not attached: its replica full (requests took the feed's place), refused, or gone; requests
             # there ride their own calls meanwhile
-            log.log(logging.WARNING if attached else logging.INFO, "feed from replica %s ended: %s", state.replica,
-                    why)
+            log.log(logging.WARNING if attached else logging.INFO, "feed from replica %s ended: %s", state.replica, why)
             self.feeds_failed += 1
             now = asyncio.get_running_loop().time()
             self._not_before = {r: t for r, t in self._not_before.items() if t > now}  # the replicas still held off

@@ -1,4 +1,5 @@
 """What crosses Ray between the ingress and a replica: one typed object each way."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -13,6 +13,7 @@ Serve two replicas drawn at random as one rank, so that Serve's probes and queue
 shorter queue, the core of Ray Serve's `PowerOfTwoChoicesRequestRouter` (without its locality ranks),
 through the class that can send the feeds.
 """
+
 from __future__ import annotations
 
 import random
@@ -26,9 +27,13 @@ from server.cluster.router import DEFAULT_IMBALANCE_THRESHOLD, ReplicaReport, Ro
 
 
 class KVCacheRequestRouter(RequestRouter):
-    def initialize_state(self, policy: str = "kv", block_size: int = 16,
-                         imbalance_threshold: int = DEFAULT_IMBALANCE_THRESHOLD,
-                         **kwargs: Any) -> None:
+    def initialize_state(
+        self,
+        policy: str = "kv",
+        block_size: int = 16,
+        imbalance_threshold: int = DEFAULT_IMBALANCE_THRESHOLD,
+        **kwargs: Any,
+    ) -> None:
         self.router = Router(policy, block_size, imbalance_threshold=imbalance_threshold)
         # Serve pickles this module by value: the registry is reached through the router module, the one
         # copy the ingress reads
@@ -52,8 +57,9 @@ class KVCacheRequestRouter(RequestRouter):
         super().update_replicas(replicas)
         self._sync(replicas)
 
-    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
-                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
         self._sync(candidate_replicas)
@@ -79,8 +85,10 @@ class KVCacheRequestRouter(RequestRouter):
             self.router.routed(decision, decision.replica_id)
             self.router.hold(call_id, decision)
         first = [r for r in candidate_replicas if r.replica_id.unique_id == decision.replica_id]
-        rest = sorted((r for r in candidate_replicas if r.replica_id.unique_id != decision.replica_id),
-                      key=lambda r: self.router.replicas[r.replica_id.unique_id].load)
+        rest = sorted(
+            (r for r in candidate_replicas if r.replica_id.unique_id != decision.replica_id),
+            key=lambda r: self.router.replicas[r.replica_id.unique_id].load,
+        )
         return [first, rest]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:

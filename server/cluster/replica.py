@@ -16,6 +16,7 @@ error, as it does when it sees the feed end. So no event is lost unnoticed.
 `record_routing_stats` is Ray Serve's hook for routing state: Serve polls it and hands the result to the
 request router (`ray_router.py`) as the replica's `routing_stats`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -189,14 +190,26 @@ class EngineReplica:
         of each of the ingress's."""
         loop = asyncio.get_running_loop()
         if len(sub.params) == 1:
-            self.engine.submit(sub.prompt_ids, sub.params[0], AsyncSink(loop, events), use_cache=sub.use_cache,
-                               request_id=sub.request_ids[0], cache_salt=sub.cache_salt, speculative=sub.speculative)
+            self.engine.submit(
+                sub.prompt_ids,
+                sub.params[0],
+                AsyncSink(loop, events),
+                use_cache=sub.use_cache,
+                request_id=sub.request_ids[0],
+                cache_salt=sub.cache_salt,
+                speculative=sub.speculative,
+            )
             return {sub.request_ids[0]: sub.request_ids[0]}
         names: dict[str, str] = {}
         sink = AsyncSink(loop, Renamed(events, names))
-        ids = self.engine.submit_copies(sub.prompt_ids, sub.params, [sink] * len(sub.params),
-                                        use_cache=sub.use_cache, cache_salt=sub.cache_salt,
-                                        speculative=sub.speculative)
+        ids = self.engine.submit_copies(
+            sub.prompt_ids,
+            sub.params,
+            [sink] * len(sub.params),
+            use_cache=sub.use_cache,
+            cache_salt=sub.cache_salt,
+            speculative=sub.speculative,
+        )
         names.update(zip(ids, sub.request_ids))  # before any event: they reach the loop after this returns
         return dict(zip(sub.request_ids, ids))
 
@@ -208,11 +221,19 @@ class EngineReplica:
     # async, so Serve calls them on the replica's loop: a sync method runs in a new worker thread each time
     async def record_routing_stats(self) -> dict:
         stats = self.engine.stats
-        return report_from(self.replica_id, self.engine.blocks, self.engine.num_running, self.engine.num_waiting,
-                           prefix_cache_queries=stats.prefix_cache_queries, prefix_cache_hits=stats.prefix_cache_hits,
-                           preemptions=stats.preemptions, kv_cache_usage=self.engine.kv_cache_usage,
-                           pid=os.getpid(), kernels=self.engine.model.kernels,
-                           step_stats=self.engine.step_stats_snapshot().as_builtins()).to_stats()
+        return report_from(
+            self.replica_id,
+            self.engine.blocks,
+            self.engine.num_running,
+            self.engine.num_waiting,
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits,
+            preemptions=stats.preemptions,
+            kv_cache_usage=self.engine.kv_cache_usage,
+            pid=os.getpid(),
+            kernels=self.engine.model.kernels,
+            step_stats=self.engine.step_stats_snapshot().as_builtins(),
+        ).to_stats()
 
     async def check_health(self) -> None:
         """Ray Serve's health check: a replica whose engine thread died is restarted."""

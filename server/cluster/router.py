@@ -24,6 +24,7 @@ the Ray Serve ingress and the routing simulator (`bench/routing_sim.py`) run the
   matches little to the worker with the smallest prefix tree. `pow2`: the less loaded of two drawn at
   random. `round-robin`: in turn.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -68,7 +69,7 @@ class ReplicaReport:
         return {"kvserve_report": dataclasses.astuple(self)}
 
     @classmethod
-    def from_stats(cls, stats: dict | None) -> "ReplicaReport | None":
+    def from_stats(cls, stats: dict | None) -> ReplicaReport | None:
         fields = (stats or {}).get("kvserve_report")
         return None if fields is None else cls(*fields)
 
@@ -184,9 +185,16 @@ class Router:
     """Chooses a replica per request under one policy. One event loop decides; the counts of requests in
     flight may change from another thread too (a call's end, `release`)."""
 
-    def __init__(self, policy: str = "kv", block_size: int = 16, *,
-                 imbalance_threshold: int = DEFAULT_IMBALANCE_THRESHOLD, pending_ttl: float = DEFAULT_PENDING_TTL,
-                 seed: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        policy: str = "kv",
+        block_size: int = 16,
+        *,
+        imbalance_threshold: int = DEFAULT_IMBALANCE_THRESHOLD,
+        pending_ttl: float = DEFAULT_PENDING_TTL,
+        seed: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown routing policy {policy!r}; choose from {', '.join(POLICIES)}")
         self.policy, self.block_size = policy, block_size
@@ -231,16 +239,28 @@ class Router:
         token, which the engine always computes)."""
         return extend_block_keys([], token_ids, self.block_size, cache_salt, (len(token_ids) - 1) // self.block_size)
 
-    def choose(self, token_ids: Sequence[int], *, cache_salt: str | None = None, use_cache: bool = True,
-               exclude: Sequence[str] = ()) -> Decision:
+    def choose(
+        self,
+        token_ids: Sequence[int],
+        *,
+        cache_salt: str | None = None,
+        use_cache: bool = True,
+        exclude: Sequence[str] = (),
+    ) -> Decision:
         """Picks a replica for a prompt and counts it as in flight there (call `finished` when it ends)."""
         decision = self.decide(token_ids, cache_salt=cache_salt, use_cache=use_cache, exclude=exclude)
         self.routed(decision, decision.replica_id)
         self.arrived(decision, decision.replica_id)
         return decision
 
-    def decide(self, token_ids: Sequence[int], *, cache_salt: str | None = None, use_cache: bool = True,
-               exclude: Sequence[str] = ()) -> Decision:
+    def decide(
+        self,
+        token_ids: Sequence[int],
+        *,
+        cache_salt: str | None = None,
+        use_cache: bool = True,
+        exclude: Sequence[str] = (),
+    ) -> Decision:
         """Where a prompt should go, changing nothing (Ray Serve may ask again before it sends)."""
         candidates = [s for rid, s in self.replicas.items() if rid not in exclude]
         if not candidates:
@@ -255,8 +275,9 @@ class Router:
             state, outcome = min(pair, key=lambda s: s.load), "baseline"
         else:
             state, outcome, source = self._choose_kv(candidates, keys, now)
-        return Decision(state.replica_id, self.policy, outcome, state.matched(keys, now, self.pending_ttl),
-                        len(keys), keys, source)
+        return Decision(
+            state.replica_id, self.policy, outcome, state.matched(keys, now, self.pending_ttl), len(keys), keys, source
+        )
 
     def routed(self, decision: Decision, replica_id: str) -> None:
         """The request of `decision` is on its way to `replica_id` (Ray may pick another when the chosen one
@@ -321,8 +342,9 @@ class Router:
         if decision is not None:
             self.unrouted(decision)
 
-    def _choose_kv(self, candidates: list[ReplicaState], keys: list[int],
-                   now: float) -> tuple[ReplicaState, str, str | None]:
+    def _choose_kv(
+        self, candidates: list[ReplicaState], keys: list[int], now: float
+    ) -> tuple[ReplicaState, str, str | None]:
         """(replica, outcome, the replica a rebalanced prefix leaves)."""
         least = min(candidates, key=lambda s: s.load)
         within = [s for s in candidates if s.load - least.load <= self.imbalance_threshold]
@@ -332,15 +354,20 @@ class Router:
             return min(within, key=lambda s: (len(s.routed_keys), s.load)), "miss", None
         holders = [s for m, s in scored if m == best_match]
         near = min(s.load for s in holders) + self.imbalance_threshold // 2  # loads this close count as equal
-        best = min((s for s in holders if s.load <= near),
-                   key=lambda s: (-s.affinity(keys, best_match), s.load, -s.free_blocks))
+        best = min(
+            (s for s in holders if s.load <= near),
+            key=lambda s: (-s.affinity(keys, best_match), s.load, -s.free_blocks),
+        )
         if best.load - least.load > self.imbalance_threshold:
             return least, "fallback", None
         # tenants placed unevenly: one of the prefixes sent there again and again moves where it fits (its
         # room counted with the keys sent there that no report has confirmed yet, moved prefixes among them)
         if best.overflowing(OVERFLOW_MARGIN) and best.affinity(keys, best_match) >= 2:
-            roomy = [s for s in within if s is not best
-                     and s.shared_keys + len(s.pending) + len(keys) <= OVERFLOW_MARGIN * s.num_blocks]
+            roomy = [
+                s
+                for s in within
+                if s is not best and s.shared_keys + len(s.pending) + len(keys) <= OVERFLOW_MARGIN * s.num_blocks
+            ]
             if roomy:
                 return min(roomy, key=lambda s: (s.shared_keys, s.load)), "rebalance", best.replica_id
         return best, "hit", None
@@ -367,5 +394,6 @@ class Router:
 def report_from(replica_id: str, blocks: BlockManager, running: int, waiting: int, **counters) -> ReplicaReport:
     """A replica's report from its block manager: every key its prefix cache holds (at most one a block),
     its load, and `counters` (ReplicaReport's optional fields)."""
-    return ReplicaReport(replica_id, list(blocks.cached), running, waiting, blocks.num_free_blocks, blocks.num_blocks,
-                         **counters)
+    return ReplicaReport(
+        replica_id, list(blocks.cached), running, waiting, blocks.num_free_blocks, blocks.num_blocks, **counters
+    )

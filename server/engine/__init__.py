@@ -5,13 +5,36 @@ its forward (`model_runner`), the pick (`sampler`), prompt logprobs (`prompt_sco
 fit and in what order they are read (`admission`), the rerun of a failed batch (`one_by_one`), warm-up
 and calibration (`warmup`), and the engine thread that runs schedule -> execute -> update (`engine`).
 No HTTP code here."""
+
 from server.engine.config import EngineConfig, EngineInfo
 from server.engine.engine import Engine, EngineArgs, EngineStoppedError
-from server.engine.request import (FINISH_ABORT, FINISH_EOS, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, Request,
-                                   RequestStats, TokenOutput)
+from server.engine.request import (
+    FINISH_ABORT,
+    FINISH_EOS,
+    FINISH_ERROR,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Request,
+    RequestStats,
+    TokenOutput,
+)
 from server.engine.scheduler import QueueFullError
 from server.engine.sinks import AsyncSink
 
-__all__ = ["AsyncSink", "Engine", "EngineArgs", "EngineConfig", "EngineInfo", "EngineStoppedError", "FINISH_ABORT",
-           "FINISH_EOS", "FINISH_ERROR", "FINISH_LENGTH", "FINISH_STOP", "QueueFullError", "Request", "RequestStats",
-           "TokenOutput"]
+__all__ = [
+    "AsyncSink",
+    "Engine",
+    "EngineArgs",
+    "EngineConfig",
+    "EngineInfo",
+    "EngineStoppedError",
+    "FINISH_ABORT",
+    "FINISH_EOS",
+    "FINISH_ERROR",
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "QueueFullError",
+    "Request",
+    "RequestStats",
+    "TokenOutput",
+]

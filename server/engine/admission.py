@@ -13,6 +13,7 @@ not fit (blocks, running places) stops admission until it does. Since every runn
 (max_new_tokens, the context), places and blocks come free, and prompts always get
 `min_prompt_tokens` a step, no request waits without bound.
 """
+
 from __future__ import annotations
 
 import time
@@ -24,8 +25,9 @@ from server.engine.request import Request
 AGEING_S = 1.0  # seconds since arrival after which a prompt goes first, whatever its length
 
 
-def check_fits(prompt_ids: list[int], max_new_tokens: int, blocks: BlockManager, context: int, vocab_size: int,
-               copies: int = 1) -> None:
+def check_fits(
+    prompt_ids: list[int], max_new_tokens: int, blocks: BlockManager, context: int, vocab_size: int, copies: int = 1
+) -> None:
     """Raises PromptError unless the prompt fits the context and, with `copies` requests sharing its
     blocks (each generating up to `max_new_tokens`), the KV cache (ContextLengthError: the KV cache is this
     server's context, and a shorter prompt or fewer tokens would fit)."""
@@ -35,8 +37,10 @@ def check_fits(prompt_ids: list[int], max_new_tokens: int, blocks: BlockManager,
     needed = prompt_blocks + copies * own - (1 if copies else 0)
     if needed > blocks.num_blocks:
         many = f"{copies} copies of " if copies > 1 else ""
-        raise ContextLengthError(f"{many}prompt + max_new_tokens need {needed} KV-cache blocks; the cache has "
-                                 f"{blocks.num_blocks} (--kv-cache-memory)")
+        raise ContextLengthError(
+            f"{many}prompt + max_new_tokens need {needed} KV-cache blocks; the cache has "
+            f"{blocks.num_blocks} (--kv-cache-memory)"
+        )
 
 
 def is_aged(req: Request, now: float) -> bool:

@@ -8,6 +8,7 @@
   token ids), the first block's parent being the request's cache salt. A new request looks its
   blocks up in order and reuses the longest run of hits, verified token by token.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,15 +29,16 @@ def chain_root(cache_salt: str | None) -> int:
 NO_SALT = int.from_bytes(hashlib.blake2b(b"kvserve", digest_size=8).digest(), "little", signed=True)
 
 
-def extend_block_keys(keys: list[int], token_ids: Sequence[int], block_size: int, cache_salt: str | None,
-                      count: int) -> list[int]:
+def extend_block_keys(
+    keys: list[int], token_ids: Sequence[int], block_size: int, cache_salt: str | None, count: int
+) -> list[int]:
     """Extends `keys`, the prefix-cache keys of the first full blocks of `token_ids`, in place to `count`
     keys: hash(parent's key, the block's token ids). Returns the first `count`. The one hash chain of the
     project: the block manager and the cluster's router both call it."""
     while len(keys) < count:
         i = len(keys)
         parent = keys[-1] if i else chain_root(cache_salt)
-        keys.append(block_key(parent, token_ids[i * block_size:(i + 1) * block_size]))
+        keys.append(block_key(parent, token_ids[i * block_size : (i + 1) * block_size]))
     return keys[:count]
 
 
@@ -50,8 +52,13 @@ def block_key(parent: int, tokens: Sequence[int]) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 protected_share: float = PROTECTED_SHARE) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        protected_share: float = PROTECTED_SHARE,
+    ) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"need blocks and a block size, got {num_blocks} x {block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -92,7 +99,7 @@ class BlockManager:
         bs, hits = self.block_size, []
         for i, key in enumerate(self.block_hashes(req, (req.num_tokens - 1) // bs)):
             block = self.cached.get(key)
-            if block is None or self.block_tokens[block] != tuple(req.token_ids[i * bs:(i + 1) * bs]):
+            if block is None or self.block_tokens[block] != tuple(req.token_ids[i * bs : (i + 1) * bs]):
                 break
             hits.append(block)
         return hits
@@ -105,12 +112,12 @@ class BlockManager:
         if req.registered_blocks >= full:
             return
         bs = self.block_size
-        for i, key in enumerate(self.block_hashes(req, full)[req.registered_blocks:], start=req.registered_blocks):
+        for i, key in enumerate(self.block_hashes(req, full)[req.registered_blocks :], start=req.registered_blocks):
             block = req.block_ids[i]
             if key not in self.cached and self.block_hash[block] is None:  # else the same tokens are cached already
                 self.cached[key] = block
                 self.block_hash[block] = key
-                self.block_tokens[block] = tuple(req.token_ids[i * bs:(i + 1) * bs])
+                self.block_tokens[block] = tuple(req.token_ids[i * bs : (i + 1) * bs])
         req.registered_blocks = full
 
     # ---- allocation -------------------------------------------------------------------------------
@@ -198,4 +205,6 @@ class BlockManager:
             assert block not in queues[2] or self.reused[block], f"block {block} is protected but never reused"
             assert not cached or self.cached.get(self.block_hash[block]) == block, f"block {block}'s key is not cached"
         for key, block in self.cached.items():
-            assert self.block_hash[block] == key, f"block {block} is cached under {key} but keyed {self.block_hash[block]}"
+            assert self.block_hash[block] == key, (
+                f"block {block} is cached under {key} but keyed {self.block_hash[block]}"
+            )

@@ -1,4 +1,5 @@
 """The engine's settings (the server's flags of the same names)."""
+
 from __future__ import annotations
 
 import math
@@ -25,7 +26,9 @@ class EngineConfig:
     prompt_lookup_max: int = 4  # the longest
     ngram_history: int = 16  # n of the n-gram history shared by requests' drafts (0: each drafts from its own tokens)
     quantization: str | None = None  # None or 'int8': the products' weights (model.kernels.choose_backend)
-    kv_cache_dtype: str | None = None  # None (the model's), 'float32' or 'bfloat16' (model.kv_cache.resolve_kv_cache_dtype)
+    kv_cache_dtype: str | None = (
+        None  # None (the model's), 'float32' or 'bfloat16' (model.kv_cache.resolve_kv_cache_dtype)
+    )
     engine_niceness: int = 0  # added to the engine thread's nice value (thread_priority.py); 0: unchanged
     stream_interval_ms: float = 0.0  # an event loop woken at most once per this, bar first and last events (sinks.py)
 
@@ -38,8 +41,10 @@ class EngineConfig:
         if self.num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
-            raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min} "
-                             f"and {self.prompt_lookup_max}")
+            raise ValueError(
+                f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min} "
+                f"and {self.prompt_lookup_max}"
+            )
         if self.ngram_history < 0:
             raise ValueError(f"ngram_history must be >= 0, got {self.ngram_history}")
         if self.target_step_ms is not None and not self.target_step_ms > 0:

@@ -5,6 +5,7 @@ Each step is schedule -> execute -> update (`Scheduler.schedule`, `ModelRunner.e
 their events through a sink (server/engine/sinks.py); an asyncio loop gets one wake-up per step
 carrying all of that step's events. No HTTP code here.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,15 +35,15 @@ from server.engine.block_manager import BlockManager
 from server.engine.config import EngineConfig, EngineInfo
 from server.engine.kernel_spin import KernelSpin
 from server.engine.model_runner import ModelRunner, StepResult
-from server.engine.thread_priority import set_up_compute_threads
 from server.engine.one_by_one import execute_one_by_one
 from server.engine.output_processor import OutputProcessor
 from server.engine.request import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, Request, Sink, TokenOutput
 from server.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
-from server.engine.step_budget import StepBudget
-from server.engine.step_stats import StepStats, StepStatsSnapshot
 from server.engine.sinks import LoopHandover
 from server.engine.speculative import Drafter
+from server.engine.step_budget import StepBudget
+from server.engine.step_stats import StepStats, StepStatsSnapshot
+from server.engine.thread_priority import set_up_compute_threads
 from server.engine.warmup import warm_up
 
 log = logging.getLogger("kvserve.engine")
@@ -63,8 +64,15 @@ class EngineArgs:
 
 
 class Engine:
-    def __init__(self, model: GPT, tokenizer: Tokenizer, config: EngineConfig | None = None, *,
-                 name: str = "model", **overrides: Any) -> None:
+    def __init__(
+        self,
+        model: GPT,
+        tokenizer: Tokenizer,
+        config: EngineConfig | None = None,
+        *,
+        name: str = "model",
+        **overrides: Any,
+    ) -> None:
         """`config` (or its fields as keywords) sets the limits; see EngineConfig. The model is prepared
         for the kernels the config asks for, in place (for every holder of the model)."""
         config = dataclasses.replace(config or EngineConfig(), **overrides)
@@ -79,29 +87,45 @@ class Engine:
         self.device = model.device
         bs = config.block_size
         cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, model.dtype)
-        num_blocks = config.num_blocks or PagedKVCache.blocks_for_memory(model.config, config.kv_cache_memory, bs,
-                                                                         cache_dtype)
+        num_blocks = config.num_blocks or PagedKVCache.blocks_for_memory(
+            model.config, config.kv_cache_memory, bs, cache_dtype
+        )
         longest = -(-model.config.n_positions // bs)
         if num_blocks < longest:
             per_block = PagedKVCache.bytes_per_block(model.config, bs, cache_dtype)
-            raise ValueError(f"the KV cache holds {num_blocks} blocks of {bs} tokens ({num_blocks * per_block} bytes), "
-                             f"fewer than one {model.config.n_positions}-token sequence needs ({longest} blocks, "
-                             f"{longest * per_block} bytes): raise --kv-cache-memory")
+            raise ValueError(
+                f"the KV cache holds {num_blocks} blocks of {bs} tokens ({num_blocks * per_block} bytes), "
+                f"fewer than one {model.config.n_positions}-token sequence needs ({longest} blocks, "
+                f"{longest * per_block} bytes): raise --kv-cache-memory"
+            )
         self.cache = PagedKVCache(model.config, num_blocks, bs, dtype=cache_dtype, device=self.device)
         self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         target_s = None if config.target_step_ms is None else config.target_step_ms / 1000
         self.budget = StepBudget(config.max_num_batched_tokens, target_s=target_s)
         self.step_stats = StepStats()
         self.kernel_spin = KernelSpin()
-        self.scheduler = Scheduler(self.blocks, self.budget, max_num_seqs=config.max_num_seqs,
-                                   max_waiting=config.max_waiting)
-        self.drafter = Drafter(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max,
-                               config.ngram_history) if config.speculative == "ngram" else None
-        self.runner = ModelRunner(model, self.cache, config.max_num_seqs, config.max_num_batched_tokens,
-                                  config.num_speculative_tokens if self.drafter else 0)
+        self.scheduler = Scheduler(
+            self.blocks, self.budget, max_num_seqs=config.max_num_seqs, max_waiting=config.max_waiting
+        )
+        self.drafter = (
+            Drafter(
+                config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max, config.ngram_history
+            )
+            if config.speculative == "ngram"
+            else None
+        )
+        self.runner = ModelRunner(
+            model,
+            self.cache,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.num_speculative_tokens if self.drafter else 0,
+        )
         if self.drafter is not None and model.kernels != "exact":
-            log.warning("speculative decoding with torch's kernels: verify rows may differ from one-row decodes "
-                        "in the last bits, so the output may differ from decoding without it")
+            log.warning(
+                "speculative decoding with torch's kernels: verify rows may differ from one-row decodes "
+                "in the last bits, so the output may differ from decoding without it"
+            )
         self.outputs = OutputProcessor(tokenizer)
         self.handover = LoopHandover(config.stream_interval_ms / 1000)  # events to event loops (sinks.py)
         self._wakeup = threading.Condition()
@@ -112,11 +136,16 @@ class Engine:
         self._calls: deque[tuple[Callable[[], Any], Future]] = deque()  # `run_between_steps` work, FIFO
 
     @classmethod
-    def from_args(cls, args: EngineArgs) -> "Engine":
+    def from_args(cls, args: EngineArgs) -> Engine:
         """Loads the checkpoint onto the device; the engine is not started."""
         device = resolve_device(args.device)
-        model = load_model(args.checkpoint, device=device, dtype=resolve_dtype(args.dtype), kernels=args.config.kernels,
-                           quantization=args.config.quantization)
+        model = load_model(
+            args.checkpoint,
+            device=device,
+            dtype=resolve_dtype(args.dtype),
+            kernels=args.config.kernels,
+            quantization=args.config.quantization,
+        )
         return cls(model, load_tokenizer(args.checkpoint), args.config, name=Path(args.checkpoint).name)
 
     # ---- what callers see -------------------------------------------------------------------------
@@ -145,14 +174,23 @@ class Engine:
     def counters(self) -> dict[str, float | list[int]]:
         """The engine's running totals for /metrics (vLLM's names, the spec-decode ones when it speculates)."""
         s = self.scheduler.stats
-        out = {"prefix_cache_queries": s.prefix_cache_queries, "prefix_cache_hits": s.prefix_cache_hits,
-               "num_preemptions": s.preemptions}
+        out = {
+            "prefix_cache_queries": s.prefix_cache_queries,
+            "prefix_cache_hits": s.prefix_cache_hits,
+            "num_preemptions": s.preemptions,
+        }
         return out if self.drafter is None else {**out, **self.drafter.stats.counters()}
 
     @property
     def info(self) -> EngineInfo:
-        return EngineInfo(str(self.model.dtype).removeprefix("torch."), self.device.type, self.model.kernels,
-                          self.blocks.num_blocks, self.blocks.block_size, self.config)
+        return EngineInfo(
+            str(self.model.dtype).removeprefix("torch."),
+            self.device.type,
+            self.model.kernels,
+            self.blocks.num_blocks,
+            self.blocks.block_size,
+            self.config,
+        )
 
     @property
     def alive(self) -> bool:
@@ -164,23 +202,49 @@ class Engine:
         budget = self.budget
         return self.step_stats.snapshot(budget.target_s, budget.max_num_batched_tokens, budget.last_allowance)
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink, *, use_cache: bool = True,
-               request_id: str | None = None, cache_salt: str | None = None, speculative: bool = True) -> str:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        sink: Sink,
+        *,
+        use_cache: bool = True,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+        speculative: bool = True,
+    ) -> str:
         """Queues a request; `sink` gets its TokenOutputs on the engine thread and must not block.
         Raises PromptError (prompt too long, empty...), QueueFullError, EngineStoppedError at once."""
         check_fits(prompt_ids, params.max_new_tokens, self.blocks, self.context_length, self.model_config.vocab_size)
-        return self._enqueue([self._request(prompt_ids, params, sink, use_cache, request_id, cache_salt,
-                                            speculative)])[0]
+        return self._enqueue([self._request(prompt_ids, params, sink, use_cache, request_id, cache_salt, speculative)])[
+            0
+        ]
 
-    def submit_copies(self, prompt_ids: list[int], params: list[SamplingParams], sinks: list[Sink], *,
-                      use_cache: bool = True, cache_salt: str | None = None, speculative: bool = True) -> list[str]:
+    def submit_copies(
+        self,
+        prompt_ids: list[int],
+        params: list[SamplingParams],
+        sinks: list[Sink],
+        *,
+        use_cache: bool = True,
+        cache_salt: str | None = None,
+        speculative: bool = True,
+    ) -> list[str]:
         """Several requests for one prompt (OpenAI's n and best_of): the first reads the prompt, the others
         wait until its keys and values are in the prefix cache and take them from there. All or none
         are queued."""
-        check_fits(prompt_ids, max(p.max_new_tokens for p in params), self.blocks, self.context_length,
-                   self.model_config.vocab_size, copies=len(params))  # the longest copy decides
-        reqs = [self._request(prompt_ids, p, sink, use_cache, None, cache_salt, speculative)
-                for p, sink in zip(params, sinks)]
+        check_fits(
+            prompt_ids,
+            max(p.max_new_tokens for p in params),
+            self.blocks,
+            self.context_length,
+            self.model_config.vocab_size,
+            copies=len(params),
+        )  # the longest copy decides
+        reqs = [
+            self._request(prompt_ids, p, sink, use_cache, None, cache_salt, speculative)
+            for p, sink in zip(params, sinks)
+        ]
         if use_cache and self.config.enable_prefix_caching and params[0].prompt_logprobs is None:
             for req in reqs[1:]:
                 req.wait_for = reqs[0]
@@ -188,8 +252,16 @@ class Engine:
 
     def _request(self, prompt_ids, params, sink, use_cache, request_id, cache_salt, speculative) -> Request:
         seed = resolve_seed(params.seed)
-        req = Request(prompt_ids, params, seed, sink, use_cache=use_cache, cache_salt=cache_salt,
-                      request_id=request_id, speculative=speculative)
+        req = Request(
+            prompt_ids,
+            params,
+            seed,
+            sink,
+            use_cache=use_cache,
+            cache_salt=cache_salt,
+            request_id=request_id,
+            speculative=speculative,
+        )
         self.outputs.start(req)
         return req
 
@@ -201,8 +273,15 @@ class Engine:
             self._wakeup.notify()
         return [r.request_id for r in reqs]
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams, *, use_cache: bool = True,
-                 timeout: float | None = None, cache_salt: str | None = None) -> list[TokenOutput]:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        use_cache: bool = True,
+        timeout: float | None = None,
+        cache_salt: str | None = None,
+    ) -> list[TokenOutput]:
         """Blocking helper: submits and waits for every event (not for use on an event loop)."""
         events: queue.Queue = queue.Queue()
         self.submit(prompt_ids, params, events.put, use_cache=use_cache, cache_salt=cache_salt)
@@ -231,7 +310,7 @@ class Engine:
 
     # ---- life cycle -------------------------------------------------------------------------------
 
-    def start(self) -> "Engine":
+    def start(self) -> Engine:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="kvserve-engine", daemon=True)
             self._thread.start()
@@ -261,8 +340,9 @@ class Engine:
                 pass  # `shutdown` ends them
 
     def _end_all_for_shutdown(self) -> None:
-        self._deliver([(req, self.outputs.end(req, FINISH_ERROR, SHUTDOWN_MESSAGE, "shutdown"))
-                       for req in self.scheduler.drain()])
+        self._deliver(
+            [(req, self.outputs.end(req, FINISH_ERROR, SHUTDOWN_MESSAGE, "shutdown")) for req in self.scheduler.drain()]
+        )
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stops the engine thread; requests still in flight end with a 'shutdown' error. Their state is
@@ -284,8 +364,9 @@ class Engine:
             yield
 
     def _run(self) -> None:
-        set_up_compute_threads(self.model.kernels == "exact", self.config.threads, self.config.engine_niceness,
-                               self.threads)
+        set_up_compute_threads(
+            self.model.kernels == "exact", self.config.threads, self.config.engine_niceness, self.threads
+        )
         while True:
             with self._wakeup:
                 while not self._stopping and not self.scheduler.has_work() and not self._calls:
@@ -305,8 +386,10 @@ class Engine:
                     self.step()
                 except Exception:  # a bug outside any one request: fail what is in flight, keep serving
                     log.exception("engine step failed")
-                    events = [(req, self.outputs.end(req, FINISH_ERROR, "internal engine error", "generation"))
-                              for req in self.scheduler.drain()]
+                    events = [
+                        (req, self.outputs.end(req, FINISH_ERROR, "internal engine error", "generation"))
+                        for req in self.scheduler.drain()
+                    ]
                     self._deliver(events)
 
     def _run_calls(self) -> None:

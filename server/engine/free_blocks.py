@@ -15,6 +15,7 @@ With one plain LRU queue, a stream of requests with shared prefixes and suffixes
 shared prefix that has waited longer than the last few requests' private blocks. Here those private
 blocks go first: segmented LRU (SLRU), the scan-resistant variant of LRU, with hits as the promotion.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict

@@ -1,13 +1,18 @@
 """Preallocated step state: named arrays in one host buffer (pinned on CUDA), mirrored by one
 device buffer. A step fills the host side through numpy views, then one copy moves all of it; on the
 CPU the host buffer is the device buffer and nothing is copied."""
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-_TORCH = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32, np.dtype(np.float32): torch.float32,
-          np.dtype(np.float64): torch.float64}
+_TORCH = {
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.int32): torch.int32,
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.float64): torch.float64,
+}
 
 
 class InputBuffers:
@@ -29,12 +34,12 @@ class InputBuffers:
 
     def _view(self, raw: np.ndarray, name: str) -> np.ndarray:
         offset, dtype, shape = self.layout[name]
-        return raw[offset: offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+        return raw[offset : offset + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
 
     def _tensor(self, raw: torch.Tensor, name: str) -> torch.Tensor:
         offset, dtype, shape = self.layout[name]
         size = int(np.prod(shape)) * dtype.itemsize
-        return raw[offset: offset + size].view(_TORCH[dtype]).view(shape)
+        return raw[offset : offset + size].view(_TORCH[dtype]).view(shape)
 
     def wait_copied(self) -> None:
         """Before the host side is written again: the previous upload's copy must have read it."""

@@ -9,6 +9,7 @@ its stream, and that a client on the same machine needs to read it, and now and 
 for a whole further step. So a step of one sequence, while the recent steps are shorter than
 `SHORT_STEP_S`, runs with idle threads that sleep at once (BENCHMARKS.md section 15 measures both).
 """
+
 from __future__ import annotations
 
 from model import kernels

@@ -6,6 +6,7 @@ asks: the engine's only standing cost is the block manager's two counters (`hit_
 Every block is in exactly one state: held (some running request lists it), cached (no one holds it,
 but it still keys a prefix and can be hit until it is evicted) or free (no one holds it, it keys nothing).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,13 +50,31 @@ class KVSnapshot:
 def kv_snapshot(blocks: BlockManager, scheduler: Scheduler) -> KVSnapshot:
     """The pool as it is now. Call it on the engine thread, between steps."""
     cached_lru = [b for b in blocks.free if blocks.block_hash[b] is not None]  # `free` iterates in eviction order
-    requests = [RequestBlocks(request_id=r.request_id, blocks=list(r.block_ids), num_tokens=r.num_tokens,
-                              num_computed=r.num_computed, cached_tokens=r.stats.cached_tokens,
-                              use_cache=r.use_cache) for r in scheduler.running]
+    requests = [
+        RequestBlocks(
+            request_id=r.request_id,
+            blocks=list(r.block_ids),
+            num_tokens=r.num_tokens,
+            num_computed=r.num_computed,
+            cached_tokens=r.stats.cached_tokens,
+            use_cache=r.use_cache,
+        )
+        for r in scheduler.running
+    ]
     stats = scheduler.stats
-    return KVSnapshot(num_blocks=blocks.num_blocks, block_size=blocks.block_size,
-                      free_blocks=len(blocks.free) - len(cached_lru), held_blocks=blocks.num_blocks - len(blocks.free),
-                      cached_blocks=len(cached_lru), ref_counts=list(blocks.ref_counts), cached_lru=cached_lru,
-                      hit_counts=list(blocks.hit_counts), requests=requests, num_waiting=scheduler.num_waiting,
-                      prefix_cache_queries=stats.prefix_cache_queries, prefix_cache_hits=stats.prefix_cache_hits,
-                      evictions=blocks.evictions, preemptions=stats.preemptions)
+    return KVSnapshot(
+        num_blocks=blocks.num_blocks,
+        block_size=blocks.block_size,
+        free_blocks=len(blocks.free) - len(cached_lru),
+        held_blocks=blocks.num_blocks - len(blocks.free),
+        cached_blocks=len(cached_lru),
+        ref_counts=list(blocks.ref_counts),
+        cached_lru=cached_lru,
+        hit_counts=list(blocks.hit_counts),
+        requests=requests,
+        num_waiting=scheduler.num_waiting,
+        prefix_cache_queries=stats.prefix_cache_queries,
+        prefix_cache_hits=stats.prefix_cache_hits,
+        evictions=blocks.evictions,
+        preemptions=stats.preemptions,
+    )

@@ -8,6 +8,7 @@ gains a block. `prepare` fills the step's token ids, positions and cache slots a
 device-to-host copy of the results. The runner reads requests and never changes them (the engine's
 update does), so a failed step can be rerun request by request.
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,15 +47,26 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model: GPT, cache: PagedKVCache, max_num_seqs: int, max_num_batched_tokens: int,
-                 num_speculative_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        model: GPT,
+        cache: PagedKVCache,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        num_speculative_tokens: int = 0,
+    ) -> None:
         self.model, self.cache, self.device = model, cache, model.device
         self.block_size = cache.block_size
         self.max_rows = max_num_seqs
         self.max_blocks = -(-model.config.n_positions // self.block_size)
         self._row_blocks = np.zeros(max_num_seqs, dtype=np.int64)  # block ids written to each row's table
-        self.sampler = Sampler(max_num_seqs, model.config.vocab_size, self.device, exact=model.kernels == "exact",
-                               max_samples=max_num_seqs * (1 + num_speculative_tokens))
+        self.sampler = Sampler(
+            max_num_seqs,
+            model.config.vocab_size,
+            self.device,
+            exact=model.kernels == "exact",
+            max_samples=max_num_seqs * (1 + num_speculative_tokens),
+        )
         self._allocate(max(max_num_batched_tokens, model.config.n_positions))
 
     def _allocate(self, max_tokens: int) -> None:
@@ -62,13 +74,19 @@ class ModelRunner:
         R, previous = self.max_rows, getattr(self, "buffers", None)
         self.max_tokens = max_tokens
         self._arange = np.arange(max(max_tokens, R) + 1)
-        self.buffers = InputBuffers({
-            "block_tables": (np.int32, (R, self.max_blocks)),  # persistent: per row
-            "token_ids": (np.int64, (max_tokens,)), "positions": (np.int64, (max_tokens,)),
-            "slot_mapping": (np.int64, (max_tokens,)),
-            "query_start": (np.int32, (R + 1,)), "seq_lens": (np.int32, (R,)), "seq_rows": (np.int32, (R,)),
-            "logits_rows": (np.int64, (max(max_tokens, R),)),
-        }, self.device)
+        self.buffers = InputBuffers(
+            {
+                "block_tables": (np.int32, (R, self.max_blocks)),  # persistent: per row
+                "token_ids": (np.int64, (max_tokens,)),
+                "positions": (np.int64, (max_tokens,)),
+                "slot_mapping": (np.int64, (max_tokens,)),
+                "query_start": (np.int32, (R + 1,)),
+                "seq_lens": (np.int32, (R,)),
+                "seq_rows": (np.int32, (R,)),
+                "logits_rows": (np.int64, (max(max_tokens, R),)),
+            },
+            self.device,
+        )
         if previous is not None:
             self.buffers.host["block_tables"][...] = previous.host["block_tables"]
 
@@ -114,7 +132,7 @@ class ModelRunner:
                 ids += drafts[req]
                 n = 1
             else:
-                ids += req.token_ids[start:start + n]
+                ids += req.token_ids[start : start + n]
             if start + n == req.num_tokens and req.params.max_new_tokens > 0:
                 sampling.append(i)
         S, N = len(rows), len(ids)
@@ -123,10 +141,10 @@ class ModelRunner:
             host = self.buffers.host
         host["seq_rows"][:S] = rows
         host["token_ids"][:N] = ids
-        positions, seq_lens, query_start = host["positions"][:N], host["seq_lens"][:S], host["query_start"][:S + 1]
+        positions, seq_lens, query_start = host["positions"][:N], host["seq_lens"][:S], host["query_start"][: S + 1]
         if N == S:  # one token per sequence: decode rows
             positions[:] = starts
-            query_start[:] = self._arange[:S + 1]
+            query_start[:] = self._arange[: S + 1]
             token_rows = host["seq_rows"][:S]
         else:
             start_of, count_of = np.array(starts), np.array(counts)
@@ -144,7 +162,7 @@ class ModelRunner:
         if drafts:  # a drafting request samples its last K + 1 rows
             sample_drafts = [drafts.get(req, []) for req in sample_reqs]
             per = np.fromiter(map(len, sample_drafts), np.int64, len(sample_drafts)) + 1  # (S',) rows each samples
-            within = self._arange[:int(per.sum())] - np.repeat(np.cumsum(per) - per, per)  # (R,) 0..K per request
+            within = self._arange[: int(per.sum())] - np.repeat(np.cumsum(per) - per, per)  # (R,) 0..K per request
             last_rows = np.repeat(last_rows - per + 1, per) + within  # (R,)
         R = len(last_rows)
         logits_rows = None
@@ -153,9 +171,19 @@ class ModelRunner:
             logits_rows = t["logits_rows"][:R]
         prompt_scoring = plan_prompt_scoring(scheduled, starts, query_start)
         self.buffers.upload()
-        batch = StepBatch(t["token_ids"], t["positions"], t["slot_mapping"], t["query_start"], t["seq_lens"],
-                          t["block_tables"], t["seq_rows"], N, S, max(counts) if S else 0,
-                          int(seq_lens.max()) if S else 0)
+        batch = StepBatch(
+            t["token_ids"],
+            t["positions"],
+            t["slot_mapping"],
+            t["query_start"],
+            t["seq_lens"],
+            t["block_tables"],
+            t["seq_rows"],
+            N,
+            S,
+            max(counts) if S else 0,
+            int(seq_lens.max()) if S else 0,
+        )
         sampling_args = self.sampler.prepare(sample_reqs, sample_drafts) if R else None
         return StepInputs(batch, sampling_args, logits_rows, prompt_scoring)
 
@@ -175,13 +203,14 @@ class ModelRunner:
             return StepResult(sampled, prompt_logprobs)
         return self._verify(sampled, inputs.sampling, prompt_logprobs)
 
-    def _verify(self, sampled: list[Sampled], args: SamplingArgs,
-                prompt_logprobs: dict[Request, list[PromptLogprob]]) -> StepResult:
+    def _verify(
+        self, sampled: list[Sampled], args: SamplingArgs, prompt_logprobs: dict[Request, list[PromptLogprob]]
+    ) -> StepResult:
         """Keeps, per drafting request, its target tokens up to the first that differs from the draft
         (that one included): the tokens decoding one at a time would have produced."""
         kept, verified, at = [], {}, 0
         for draft in args.drafts:
-            rows = sampled[at:at + len(draft) + 1]  # row j: the target's token after draft[:j]
+            rows = sampled[at : at + len(draft) + 1]  # row j: the target's token after draft[:j]
             at += len(draft) + 1
             if draft:
                 req = rows[0].request
@@ -189,7 +218,7 @@ class ModelRunner:
                 m = min(accepted_length(draft, [s.token_id for s in rows]), usable)
                 for s in rows[:m]:
                     s.cached = True
-                rows = rows[:m + 1]
+                rows = rows[: m + 1]
                 verified[req] = (len(draft), m)
                 if req.params.penalized:
                     self.sampler.commit(req, [s.token_id for s in rows])

@@ -10,6 +10,7 @@ but the speed, but the speed would tell one tenant what another generated). A ha
 makes a wrong draft, which verification rejects. The table is bounded: past `capacity` entries, the
 quarter written longest ago is dropped.
 """
+
 from __future__ import annotations
 
 from itertools import islice
@@ -35,7 +36,7 @@ class NgramHistory:
         where the next call starts (the last token's follower is not known yet)."""
         n, table = self.n, self.next_token
         for end in range(max(start, n - 1), len(tokens) - 1):
-            key = hash((salt, *tokens[end - n + 1:end + 1]))
+            key = hash((salt, *tokens[end - n + 1 : end + 1]))
             table.pop(key, None)  # re-inserted: the latest write is the youngest entry
             table[key] = tokens[end + 1]
         if len(table) > self.capacity:

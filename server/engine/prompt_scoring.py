@@ -1,6 +1,7 @@
 """Prompt logprobs from the prefill's own forward: for the requests that asked, each prompt token's
 logprob (and its top alternatives) from the step rows that predict it (position p's logits score
 token p + 1). Planned on the host with the step, scored after its forward, in one copy back."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,8 +23,9 @@ class PromptScoring:
     top_k: int  # the most alternatives one of them asks for
 
 
-def plan_prompt_scoring(scheduled: list[tuple[Request, int]], starts: list[int],
-                        query_start: np.ndarray) -> PromptScoring | None:
+def plan_prompt_scoring(
+    scheduled: list[tuple[Request, int]], starts: list[int], query_start: np.ndarray
+) -> PromptScoring | None:
     """scheduled: (request, new tokens) in step order; starts: each one's first position this step;
     query_start: (S + 1,) each one's first step row. None when no request scores its prompt now."""
     rows, targets, owners = [], [], []
@@ -35,7 +37,7 @@ def plan_prompt_scoring(scheduled: list[tuple[Request, int]], starts: list[int],
             continue
         first = int(query_start[i])
         rows += range(first, first + end - start)
-        targets += req.token_ids[start + 1:end + 1]
+        targets += req.token_ids[start + 1 : end + 1]
         owners.append((req, start + 1, end - start))  # positions start + 1 .. end are scored
     if not rows:
         return None
@@ -57,8 +59,14 @@ def score_prompts(logits: torch.Tensor, plan: PromptScoring) -> dict[Request, li
     out, at = {}, 0
     for req, first, count in plan.owners:
         want = req.params.prompt_logprobs
-        out[req] = [PromptLogprob(first + j, plan.targets[at + j], row[0],
-                                  list(zip(map(int, row[1:1 + want]), row[1 + k:1 + k + want])) if want else None)
-                    for j, row in enumerate(table[at:at + count])]
+        out[req] = [
+            PromptLogprob(
+                first + j,
+                plan.targets[at + j],
+                row[0],
+                list(zip(map(int, row[1 : 1 + want]), row[1 + k : 1 + k + want])) if want else None,
+            )
+            for j, row in enumerate(table[at : at + count])
+        ]
         at += count
     return out

@@ -1,4 +1,5 @@
 """One request inside the engine, and the events the engine hands back for it."""
+
 from __future__ import annotations
 
 import enum
@@ -99,9 +100,18 @@ class Request:
     """A request from submission to its last token: its tokens so far, its blocks, how far the cache
     holds them, and where its events go."""
 
-    def __init__(self, prompt_ids: list[int], params: SamplingParams, seed: int, sink: Sink, *,
-                 use_cache: bool = True, cache_salt: str | None = None, request_id: str | None = None,
-                 speculative: bool = True) -> None:
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        seed: int,
+        sink: Sink,
+        *,
+        use_cache: bool = True,
+        cache_salt: str | None = None,
+        request_id: str | None = None,
+        speculative: bool = True,
+    ) -> None:
         self.request_id = request_id or f"req-{next(_ids)}"
         self.token_ids = list(prompt_ids)  # the prompt, then every generated token
         self.num_prompt_tokens = len(prompt_ids)
@@ -114,8 +124,9 @@ class Request:
         self.block_hashes: list[int] = []  # prefix-cache keys of its first full blocks (a hash chain)
         self.registered_blocks = 0  # leading blocks already offered to the prefix cache
         self.finish_reason: str | None = None
-        self.stats = RequestStats(prompt_tokens=len(prompt_ids), use_cache=use_cache,
-                                  seed=None if params.greedy else seed)
+        self.stats = RequestStats(
+            prompt_tokens=len(prompt_ids), use_cache=use_cache, seed=None if params.greedy else seed
+        )
         self.output = None  # the output processor's per-request state
         self.prompt_logprobs: list[PromptLogprob] = []  # as computed, when the request asked for them
         self.wait_for: Request | None = None  # admitted only once that request's prompt is in the cache
@@ -129,7 +140,7 @@ class Request:
 
     @property
     def output_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_output_tokens(self) -> int:
@@ -140,5 +151,7 @@ class Request:
         return self.status == RequestStatus.FINISHED
 
     def __repr__(self) -> str:
-        return (f"Request({self.request_id}, {self.status.value}, tokens={self.num_tokens}, "
-                f"computed={self.num_computed}, blocks={len(self.block_ids)})")
+        return (
+            f"Request({self.request_id}, {self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed}, blocks={len(self.block_ids)})"
+        )

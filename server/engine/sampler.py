@@ -9,6 +9,7 @@ and hands back one `SamplingArgs`; `sample` makes the pick: the exact greedy ker
 then the top alternatives for the rows that ask. The pick is packed into one (R, 3 + 2K) float64
 tensor, the step's one copy back, and unpacked below it into `Sampled` rows.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,18 +53,27 @@ class Sampled:
 
 
 class Sampler:
-    def __init__(self, max_rows: int, vocab_size: int, device: torch.device, exact: bool,
-                 max_samples: int | None = None) -> None:
+    def __init__(
+        self, max_rows: int, vocab_size: int, device: torch.device, exact: bool, max_samples: int | None = None
+    ) -> None:
         """max_rows: requests running at once; max_samples: rows a step samples, at most (drafts verify
         several per request; default max_rows)."""
         self.max_rows, self.vocab_size, self.device, self.exact = max_rows, vocab_size, device, exact
         R, M = max_rows, max(max_samples or max_rows, max_rows)
-        self.buffers = InputBuffers({
-            "temperature": (np.float32, (R,)), "top_k": (np.int64, (R,)), "top_p": (np.float32, (R,)),  # per row
-            "repetition_penalty": (np.float32, (R,)), "presence_penalty": (np.float32, (R,)),
-            "frequency_penalty": (np.float32, (R,)),
-            "sample_rows": (np.int64, (M,)), "uniform": (np.float64, (M,)), "sampled_idx": (np.int64, (M,)),  # per step
-        }, device)
+        self.buffers = InputBuffers(
+            {
+                "temperature": (np.float32, (R,)),
+                "top_k": (np.int64, (R,)),
+                "top_p": (np.float32, (R,)),  # per row
+                "repetition_penalty": (np.float32, (R,)),
+                "presence_penalty": (np.float32, (R,)),
+                "frequency_penalty": (np.float32, (R,)),
+                "sample_rows": (np.int64, (M,)),
+                "uniform": (np.float64, (M,)),
+                "sampled_idx": (np.int64, (M,)),  # per step
+            },
+            device,
+        )
         self.seeds = np.zeros(R, dtype=np.uint64)
         self._seen: torch.Tensor | None = None  # (rows, V) bool, made when a penalized request first arrives
         self._counts: torch.Tensor | None = None  # (rows, V) float32, generated tokens of each row
@@ -117,7 +127,7 @@ class Sampler:
         host["sample_rows"][:R] = [r.row for r in reqs]
         sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if sampled:
-            host["sampled_idx"][:len(sampled)] = sampled
+            host["sampled_idx"][: len(sampled)] = sampled
             indices = np.array([r.num_output_tokens for r in reqs], dtype=np.uint64)
             if offsets is not None:
                 indices += np.array(offsets, dtype=np.uint64)
@@ -126,15 +136,23 @@ class Sampler:
         history = keeps = None
         if penalized and offsets is not None:
             keeps = [r.params.penalized and not d for r, d in zip(reqs, row_drafts)]
-            history = [(i, d[:j]) for i, (r, j, d) in enumerate(zip(reqs, offsets, row_drafts))
-                       if r.params.penalized and j]
+            history = [
+                (i, d[:j]) for i, (r, j, d) in enumerate(zip(reqs, offsets, row_drafts)) if r.params.penalized and j
+            ]
         if sampled or penalized:
             self.buffers.upload()
-        return SamplingArgs(reqs, t["sample_rows"][:R], t["uniform"][:R],
-                            t["sampled_idx"][:len(sampled)] if sampled else None,
-                            filtered=any(reqs[i].params.top_k > 0 or reqs[i].params.top_p < 1 for i in sampled),
-                            penalized=penalized, top_k=max((r.params.logprobs for r in reqs), default=0),
-                            drafts=drafts, draft_history=history, keeps_history=keeps)
+        return SamplingArgs(
+            reqs,
+            t["sample_rows"][:R],
+            t["uniform"][:R],
+            t["sampled_idx"][: len(sampled)] if sampled else None,
+            filtered=any(reqs[i].params.top_k > 0 or reqs[i].params.top_p < 1 for i in sampled),
+            penalized=penalized,
+            top_k=max((r.params.logprobs for r in reqs), default=0),
+            drafts=drafts,
+            draft_history=history,
+            keeps_history=keeps,
+        )
 
     def commit(self, req: Request, tokens: list[int]) -> None:
         """A drafting penalized request's accepted tokens join its history (a pick of draft rows leaves
@@ -151,7 +169,7 @@ class Sampler:
         """logits: (R, V) float32. Returns the packed (R, 3 + 2K) float64 results: token, logprob, finite
         flag, then K top ids and K top logprobs (K = args.top_k)."""
         R = logits.shape[0]
-        out, lse = self._results[:R, :RESULT_COLUMNS + 2 * args.top_k], self._lse[:R]
+        out, lse = self._results[:R, : RESULT_COLUMNS + 2 * args.top_k], self._lse[:R]
         if self.exact:
             kernels.greedy(logits, self._results[:R], lse)  # every row's argmax and normalizer, in one pass
         else:
@@ -165,7 +183,7 @@ class Sampler:
         if args.top_k:
             k = args.top_k
             ids, values = top_logprobs(logits, lse, k)  # (R, k) each, from the unmodified distribution
-            out[:, RESULT_COLUMNS:RESULT_COLUMNS + k], out[:, RESULT_COLUMNS + k:] = ids, values
+            out[:, RESULT_COLUMNS : RESULT_COLUMNS + k], out[:, RESULT_COLUMNS + k :] = ids, values
         return out
 
     @staticmethod
@@ -174,18 +192,25 @@ class Sampler:
         k, sampled = args.top_k, []
         for req, row in zip(args.requests, results.tolist()):
             want = req.params.logprobs
-            top = list(zip(map(int, row[RESULT_COLUMNS:RESULT_COLUMNS + want]), row[RESULT_COLUMNS + k:][:want]))
-            sampled.append(Sampled(req, int(row[0]), row[1], error=None if row[2] else NON_FINITE,
-                                   top=top if want else None))
+            top = list(zip(map(int, row[RESULT_COLUMNS : RESULT_COLUMNS + want]), row[RESULT_COLUMNS + k :][:want]))
+            sampled.append(
+                Sampled(req, int(row[0]), row[1], error=None if row[2] else NON_FINITE, top=top if want else None)
+            )
         return sampled
 
     def _pick_torch(self, logits: torch.Tensor, args: SamplingArgs, out: torch.Tensor, lse: torch.Tensor) -> None:
         """The torch path, for a step with sampled or penalized rows: every row's token and logprob."""
         t, rows = self.buffers.tensors, args.rows
         penalties = self._penalties(args) if args.penalized else None
-        batch = SamplingBatch(temperature=t["temperature"][rows], top_k=t["top_k"][rows], top_p=t["top_p"][rows],
-                              uniform=args.uniform, sampled_rows=args.sampled_idx, filtered=args.filtered,
-                              penalties=penalties)
+        batch = SamplingBatch(
+            temperature=t["temperature"][rows],
+            top_k=t["top_k"][rows],
+            top_p=t["top_p"][rows],
+            uniform=args.uniform,
+            sampled_rows=args.sampled_idx,
+            filtered=args.filtered,
+            penalties=penalties,
+        )
         broken = out[:, 2] == 0  # (R,): such a row fails its request, not the batch
         logits = logits.masked_fill(broken[:, None], 0.0)
         tokens, logprobs = sample(logits, batch, torch.where(broken, float(np.log(self.vocab_size)), lse))
@@ -209,5 +234,6 @@ class Sampler:
             ids = torch.tensor(before, device=self.device)
             seen[i, ids] = True
             counts[i].index_add_(0, ids, torch.ones(len(before), device=self.device))
-        return Penalties(t["repetition_penalty"][rows], t["presence_penalty"][rows], t["frequency_penalty"][rows],
-                         seen, counts, bias)
+        return Penalties(
+            t["repetition_penalty"][rows], t["presence_penalty"][rows], t["frequency_penalty"][rows], seen, counts, bias
+        )

@@ -19,6 +19,7 @@ its blocks go back, it returns to the front of the queue, and it recomputes when
 Thread-safe on the submitting side (`add_all`, `abort` come from the HTTP event loop); everything else
 runs on the engine thread.
 """
+
 from __future__ import annotations
 
 import threading
@@ -59,8 +60,15 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, budget: StepBudget, *, max_num_seqs: int, max_waiting: int,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        blocks: BlockManager,
+        budget: StepBudget,
+        *,
+        max_num_seqs: int,
+        max_waiting: int,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.blocks, self.budget, self.clock = blocks, budget, clock
         self.max_num_seqs, self.max_waiting = max_num_seqs, max_waiting
         self.waiting: deque[Request] = deque()
@@ -91,8 +99,10 @@ class Scheduler:
         places still free (a new request waits for the next step even when one is free)."""
         with self._lock:
             if not self._has_room(len(reqs)):
-                raise QueueFullError(f"the waiting queue is full (max {self.max_waiting} requests waiting, "
-                                     f"{len(self.running)} running; --max-waiting); retry later")
+                raise QueueFullError(
+                    f"the waiting queue is full (max {self.max_waiting} requests waiting, "
+                    f"{len(self.running)} running; --max-waiting); retry later"
+                )
             self.waiting.extend(reqs)
 
     def _has_room(self, new: int) -> bool:

@@ -14,6 +14,7 @@ event waits at most the interval and one step: a step with prompt work (or an un
 recompute), work run between steps, and an engine going idle hand everything over first. vLLM's and
 SGLang's `--stream-interval` hold tokens likewise, counted in tokens.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -95,6 +96,7 @@ class LoopHandover:
         self._urgent.clear()
         if self._woken_at:  # a loop woken longer ago is as one never woken
             self._woken_at = {loop: t for loop, t in self._woken_at.items() if now - t < self.interval_s}
+
 
 def _put_all(items: list[tuple[asyncio.Queue, TokenOutput]]) -> None:
     for events, out in items:

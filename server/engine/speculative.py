@@ -20,6 +20,7 @@ exceeds the break-even rate of the batch (`break_even_rate`, from measured step 
 so a request drafts as many tokens as pay (`draft_length`): none on text that does not repeat itself,
 a few in a large batch, up to K alone.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,9 +67,12 @@ class SpecDecodeStats:
 
     def counters(self) -> dict[str, int | list[int]]:
         """For /metrics, under vLLM's names."""
-        return {"spec_decode_num_drafts": self.num_drafts, "spec_decode_num_draft_tokens": self.num_draft_tokens,
-                "spec_decode_num_accepted_tokens": self.num_accepted_tokens,
-                "spec_decode_num_accepted_tokens_per_pos": list(self.accepted_per_position)}
+        return {
+            "spec_decode_num_drafts": self.num_drafts,
+            "spec_decode_num_draft_tokens": self.num_draft_tokens,
+            "spec_decode_num_accepted_tokens": self.num_accepted_tokens,
+            "spec_decode_num_accepted_tokens_per_pos": list(self.accepted_per_position),
+        }
 
 
 @dataclass
@@ -97,8 +101,9 @@ class DraftState:
 
 
 class Drafter:
-    def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int,
-                 history_n: int = 0) -> None:
+    def __init__(
+        self, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int, history_n: int = 0
+    ) -> None:
         """history_n: n of the n-gram history shared by the requests (0: each drafts from its own tokens only)."""
         self.k, self.min_n, self.max_n = num_speculative_tokens, prompt_lookup_min, prompt_lookup_max
         self.history = NgramHistory(history_n, HISTORY_CAPACITY) if history_n else None
@@ -149,7 +154,7 @@ class Drafter:
         end = req.draft_state.match
         if end is None:
             return []
-        own = tokens[end + 1:end + 1 + length]
+        own = tokens[end + 1 : end + 1 + length]
         period = len(tokens) - 1 - end  # the match overlaps the end: the run repeats with this period
         while len(own) < length:
             own.append(own[len(own) - period])

@@ -14,6 +14,7 @@ the same spirit; this is our own formulation.
 The time target only binds steps that carry decode rows: a step with none delays no stream, so it
 takes up to the hard cap of prompt tokens.
 """
+
 from __future__ import annotations
 
 import threading
@@ -98,8 +99,13 @@ class StepBudget:
     """The prompt tokens the next step may carry, from the target and the fitted costs. Thread-safe:
     the engine thread observes and asks; a scrape reads `target_s` and `last_allowance`."""
 
-    def __init__(self, max_num_batched_tokens: int, min_prompt_tokens: int = MIN_PROMPT_TOKENS,
-                 target_s: float | None = None, model: StepCostModel | None = None) -> None:
+    def __init__(
+        self,
+        max_num_batched_tokens: int,
+        min_prompt_tokens: int = MIN_PROMPT_TOKENS,
+        target_s: float | None = None,
+        model: StepCostModel | None = None,
+    ) -> None:
         self.max_num_batched_tokens = max_num_batched_tokens  # the hard cap, decode rows included
         self.min_prompt_tokens = min_prompt_tokens  # what prompts always get, so that they progress
         self.target_s = target_s  # None: no time target, the token cap alone

@@ -1,5 +1,6 @@
 """Distributions of the engine's steps: how long each took and how many tokens it computed, decode
 and prompt apart. The engine fills them; /metrics reads them at scrape time (no HTTP code here)."""
+
 from __future__ import annotations
 
 import bisect
@@ -9,8 +10,26 @@ from dataclasses import dataclass
 
 from server.engine.step_budget import StepWork
 
-STEP_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2,
-                        0.3, 0.5, 1.0, 2.5)
+STEP_SECONDS_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.03,
+    0.04,
+    0.05,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1.0,
+    2.5,
+)
 STEP_TOKENS_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
@@ -60,14 +79,17 @@ class StepStatsSnapshot:
         return dataclasses.astuple(self)
 
     @classmethod
-    def from_builtins(cls, fields: tuple) -> "StepStatsSnapshot":
-        histograms = [HistogramSnapshot(tuple(buckets), list(counts), total, count)
-                      for buckets, counts, total, count in fields[:3]]
+    def from_builtins(cls, fields: tuple) -> StepStatsSnapshot:
+        histograms = [
+            HistogramSnapshot(tuple(buckets), list(counts), total, count)
+            for buckets, counts, total, count in fields[:3]
+        ]
         return cls(*histograms, *fields[3:])
 
 
-def merged(snapshots: list[StepStatsSnapshot], target_step_s: float | None,
-           max_batched_tokens: int) -> StepStatsSnapshot:
+def merged(
+    snapshots: list[StepStatsSnapshot], target_step_s: float | None, max_batched_tokens: int
+) -> StepStatsSnapshot:
     """Several engines' steps as one (a cluster's replicas): each histogram summed bucket by bucket, the
     prompt allowances summed; the budget's settings, which every replica shares, as given (from the first
     snapshot, if any)."""
@@ -79,9 +101,14 @@ def merged(snapshots: list[StepStatsSnapshot], target_step_s: float | None,
         counts = [sum(column) for column in zip(*(p.counts for p in parts))] or [0] * (len(buckets) + 1)
         return HistogramSnapshot(buckets, counts, sum(p.total for p in parts), sum(p.count for p in parts))
 
-    return StepStatsSnapshot(summed("step_seconds", STEP_SECONDS_BUCKETS), summed("decode_tokens", STEP_TOKENS_BUCKETS),
-                             summed("prompt_tokens", STEP_TOKENS_BUCKETS), target_step_s, max_batched_tokens,
-                             sum(s.prompt_allowance for s in snapshots))
+    return StepStatsSnapshot(
+        summed("step_seconds", STEP_SECONDS_BUCKETS),
+        summed("decode_tokens", STEP_TOKENS_BUCKETS),
+        summed("prompt_tokens", STEP_TOKENS_BUCKETS),
+        target_step_s,
+        max_batched_tokens,
+        sum(s.prompt_allowance for s in snapshots),
+    )
 
 
 class StepStats:
@@ -99,9 +126,15 @@ class StepStats:
             self.decode_tokens.observe(work.decode_rows)
             self.prompt_tokens.observe(work.prompt_tokens)
 
-    def snapshot(self, target_step_s: float | None, max_batched_tokens: int,
-                 prompt_allowance: int) -> StepStatsSnapshot:
+    def snapshot(
+        self, target_step_s: float | None, max_batched_tokens: int, prompt_allowance: int
+    ) -> StepStatsSnapshot:
         with self._lock:
-            return StepStatsSnapshot(self.step_seconds.snapshot(), self.decode_tokens.snapshot(),
-                                     self.prompt_tokens.snapshot(), target_step_s, max_batched_tokens,
-                                     prompt_allowance)
+            return StepStatsSnapshot(
+                self.step_seconds.snapshot(),
+                self.decode_tokens.snapshot(),
+                self.prompt_tokens.snapshot(),
+                target_step_s,
+                max_batched_tokens,
+                prompt_allowance,
+            )

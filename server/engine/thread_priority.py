@@ -13,6 +13,7 @@ for them (the gain is in the kernels' time, which releases it); nice values rank
 scheduling group (a container, an autogroup); and the kernels' pool is one per process, so a second
 engine made in the same process (tests) starts its workers again at its own thread's priority.
 """
+
 from __future__ import annotations
 
 import logging

@@ -1,5 +1,6 @@
 """Warm-up and calibration: what a started engine runs before it serves, so the first real request
 pays no first-call costs and the step budget starts with fitted costs when there is a time target."""
+
 from __future__ import annotations
 
 import queue
@@ -16,8 +17,13 @@ def warm_up(engine: Engine) -> None:
     when there is a time target. Needs a started engine."""
     prompt = engine.tokenizer.encode("Hello") or [0]
     for use_cache in (True, False):
-        engine.generate(prompt[: engine.context_length - 2], SamplingParams(max_new_tokens=2, temperature=0),
-                        use_cache=use_cache, timeout=600, cache_salt="warmup")
+        engine.generate(
+            prompt[: engine.context_length - 2],
+            SamplingParams(max_new_tokens=2, temperature=0),
+            use_cache=use_cache,
+            timeout=600,
+            cache_salt="warmup",
+        )
     if engine.budget.target_s is not None:
         calibrate(engine)
 
@@ -35,8 +41,12 @@ def calibrate(engine: Engine, requests: int = 8, new_tokens: int = 8) -> None:
     for i in range(requests):
         length = max(1, longest * (i + 1) // requests)
         events: queue.Queue = queue.Queue()
-        engine.submit((text * (length // len(text) + 1))[:length], SamplingParams(max_new_tokens=new_tokens,
-                      temperature=0, ignore_eos=True), events.put, cache_salt=f"calibrate-{i}")
+        engine.submit(
+            (text * (length // len(text) + 1))[:length],
+            SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=True),
+            events.put,
+            cache_salt=f"calibrate-{i}",
+        )
         waits.append(events)
     for events in waits:
         while not events.get(timeout=600).finished:

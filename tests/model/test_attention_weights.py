@@ -1,4 +1,5 @@
 """Returned attention weights are the model's: rows sum to 1, zero on the future, equal to Q·K by hand."""
+
 from __future__ import annotations
 
 import torch
@@ -30,7 +31,9 @@ def test_weights_are_distributions_over_the_past_equal_to_reference(tiny_model, 
     assert (weights.triu(diagonal=1) == 0).all(), "a token attended to a future position"
     with torch.inference_mode():
         for layer, ref in enumerate(reference_weights(tiny_model, ids)):
-            torch.testing.assert_close(weights[layer], ref, atol=1e-6, rtol=0, msg=lambda m: f"layer {layer}: {m}")
+            torch.testing.assert_close(
+                weights[layer], ref, atol=1e-6, rtol=0, msg=lambda m, layer=layer: f"layer {layer}: {m}"
+            )
 
 
 def test_explicit_attention_path_gives_the_same_logits_as_the_fused_one(tiny_model, device):

@@ -1,6 +1,7 @@
 """bfloat16 products (csrc/linear_bf16.cpp with AVX512-BF16, else widened to float32): within bfloat16
 rounding of a float64 product, and a row's bits do not depend on its batch; torch's own bfloat16
 product is the negative control."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,7 +36,7 @@ def test_bfloat16_product_is_within_float32_sums_of_float64(layer):
     x = rand(9, W.shape[0], seed=3).bfloat16()
     ours = kernels.linear(x, packed, out_dtype=torch.float32).double()
     exact = x.double() @ W.double() + b.double()
-    bound = (W.shape[0] + 2) * 2.0 ** -24 * (x.double().abs() @ W.double().abs() + b.double().abs()) + 1e-30
+    bound = (W.shape[0] + 2) * 2.0**-24 * (x.double().abs() @ W.double().abs() + b.double().abs()) + 1e-30
     assert ((ours - exact).abs() <= bound).all(), f"max error {(ours - exact).abs().max():.3g}"
 
 
@@ -47,8 +48,9 @@ def test_bfloat16_row_is_the_same_bits_in_any_batch(layer, rows):
     for kwargs in ({}, {"norm": norm}, {"out_dtype": torch.float32}):
         together = kernels.linear(x, packed, **kwargs)
         for i in sorted({0, rows // 2, rows - 1}):
-            assert torch.equal(kernels.linear(x[i:i + 1], packed, **kwargs), together[i:i + 1]), \
+            assert torch.equal(kernels.linear(x[i : i + 1], packed, **kwargs), together[i : i + 1]), (
                 f"row {i} of {rows} differs ({kwargs})"
+            )
 
 
 def cpu_flags() -> set[str]:
@@ -59,8 +61,11 @@ def cpu_flags() -> set[str]:
         return set()
 
 
-@pytest.mark.skipif("amx_bf16" not in cpu_flags(), reason="torch's bfloat16 product depends on the batch where "
-                    "oneDNN runs it on AMX tiles; on this CPU (no AMX) every probed row kept its bits in any batch")
+@pytest.mark.skipif(
+    "amx_bf16" not in cpu_flags(),
+    reason="torch's bfloat16 product depends on the batch where "
+    "oneDNN runs it on AMX tiles; on this CPU (no AMX) every probed row kept its bits in any batch",
+)
 def test_negative_control_torch_bfloat16_matmul_rows_depend_on_the_batch():
     """On a CPU with AMX, torch's bfloat16 product gives the first 7 rows other bits alone than among 64.
     (On an AMD EPYC with AVX512-BF16 and no AMX, torch's kernel kept every probed row's bits: the control

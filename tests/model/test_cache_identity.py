@@ -2,6 +2,7 @@
 bit (torch.equal), as recomputing the whole sequence, at every step; a row gives the same bits in any
 batch; chunked prefill gives the bits of one-shot prefill and of the decode path. Torch's own
 kernels fail the same comparisons (the negative controls) and agree only within a tolerance."""
+
 from __future__ import annotations
 
 import os
@@ -18,17 +19,19 @@ from model.kv_cache import PagedKVCache, StepBatch
 from model.sampling import SamplingParams
 from tests.conftest import EXACT, TEST_DEVICE, needs_exact, random_model
 
-SONNET = ("ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and Juliet is the sun. "
-          "Arise, fair sun, and kill the envious moon, who is already sick and pale with grief, "
-          "that thou her maid art far more fair than she. Be not her maid, since she is envious; "
-          "her vestal livery is but sick and green, and none but fools do wear it; cast it off. "
-          "It is my lady, O, it is my love! O, that she knew she were! She speaks, yet she says nothing. "
-          "What of that? Her eye discourses; I will answer it. I am too bold, 'tis not to me she speaks: "
-          "two of the fairest stars in all the heaven, having some business, do entreat her eyes to twinkle "
-          "in their spheres till they return. What if her eyes were there, they in her head? The brightness "
-          "of her cheek would shame those stars, as daylight doth a lamp; her eyes in heaven would through "
-          "the airy region stream so bright that birds would sing and think it were not night. See how she "
-          "leans her cheek upon her hand! O, that I were a glove upon that hand, that I might touch that cheek!")
+SONNET = (
+    "ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and Juliet is the sun. "
+    "Arise, fair sun, and kill the envious moon, who is already sick and pale with grief, "
+    "that thou her maid art far more fair than she. Be not her maid, since she is envious; "
+    "her vestal livery is but sick and green, and none but fools do wear it; cast it off. "
+    "It is my lady, O, it is my love! O, that she knew she were! She speaks, yet she says nothing. "
+    "What of that? Her eye discourses; I will answer it. I am too bold, 'tis not to me she speaks: "
+    "two of the fairest stars in all the heaven, having some business, do entreat her eyes to twinkle "
+    "in their spheres till they return. What if her eyes were there, they in her head? The brightness "
+    "of her cheek would shame those stars, as daylight doth a lamp; her eyes in heaven would through "
+    "the airy region stream so bright that birds would sing and think it were not night. See how she "
+    "leans her cheek upon her hand! O, that I were a glove upon that hand, that I might touch that cheek!"
+)
 
 
 def cached_and_uncached(model: GPT, ids: list[int], prompt_len: int, cache_dtype: torch.dtype | None = None):
@@ -42,8 +45,9 @@ def cached_and_uncached(model: GPT, ids: list[int], prompt_len: int, cache_dtype
         yield t, cached, recompute(model, scratch, ids[: t + 1], scratch_blocks)
 
 
-def assert_identical_every_step(model: GPT, ids: list[int], prompt_len: int,
-                                cache_dtype: torch.dtype | None = None) -> int:
+def assert_identical_every_step(
+    model: GPT, ids: list[int], prompt_len: int, cache_dtype: torch.dtype | None = None
+) -> int:
     steps = 0
     for t, cached, uncached in cached_and_uncached(model, ids, prompt_len, cache_dtype):
         assert torch.equal(cached, uncached), f"position {t}: max |diff| {(cached - uncached).abs().max():.3g}"
@@ -101,11 +105,10 @@ def test_a_row_decodes_to_the_same_bits_in_any_batch_and_position(default_model,
     assert torch.equal(logits[0:1], alone[0])
     for k in range(steps):
         perm = torch.randperm(batch, generator=order).tolist()
-        step = StepBatch.build([([seqs[i][lengths[i] + k]], lengths[i] + k, tables[i]) for i in perm], bs,
-                               model.device)
+        step = StepBatch.build([([seqs[i][lengths[i] + k]], lengths[i] + k, tables[i]) for i in perm], bs, model.device)
         logits = model.compute_logits(model.forward_step(step, shared))
         row = perm.index(0)
-        assert torch.equal(logits[row:row + 1], alone[k + 1]), f"step {k}: row at place {row} of {batch} differs"
+        assert torch.equal(logits[row : row + 1], alone[k + 1]), f"step {k}: row at place {row} of {batch} differs"
 
 
 @needs_exact
@@ -116,8 +119,12 @@ def test_chunked_prefill_equals_one_shot_prefill_and_the_decode_path(default_mod
     one_cache, blocks = sequence_cache(model, 200)
     one_shot = model.compute_logits(model.forward_step(StepBatch.build([(ids, 0, blocks)], 16), one_cache))
     cache, _ = sequence_cache(model, 200)
-    chunked = torch.cat([model.compute_logits(model.forward_step(
-        StepBatch.build([(ids[s:s + chunk], s, blocks)], 16), cache)) for s in range(0, 200, chunk)])
+    chunked = torch.cat(
+        [
+            model.compute_logits(model.forward_step(StepBatch.build([(ids[s : s + chunk], s, blocks)], 16), cache))
+            for s in range(0, 200, chunk)
+        ]
+    )
     assert torch.equal(chunked, one_shot)
     decode_cache, _ = sequence_cache(model, 200)
     decoded = torch.cat([decode_one_token(model, decode_cache, tok, t, blocks) for t, tok in enumerate(ids)])
@@ -125,6 +132,7 @@ def test_chunked_prefill_equals_one_shot_prefill_and_the_decode_path(default_mod
 
 
 # ---- the stock kernels: a tolerance, and the negative controls --------------------------------------
+
 
 def max_cached_vs_uncached(model: GPT, ids: list[int], prompt_len: int) -> float:
     return max((c - u).abs().max().item() for _, c, u in cached_and_uncached(model, ids, prompt_len))
@@ -146,9 +154,15 @@ def test_negative_control_stock_kernels_are_not_bit_identical(stock_default_mode
 # units of their spacing at |logit| in [8, 16).
 # (bfloat16 products are slow on a CPU through torch: a shorter text there; float16 ones slower still, so
 # float16 runs on a GPU only: bench/gpu_check.sh.)
-@pytest.mark.parametrize("dtype, atol, length", [
-    (torch.float32, 1e-4, 120), (torch.float64, 1e-10, 120), (torch.bfloat16, 2 / 16, 40),
-    pytest.param(torch.float16, 2 / 128, 120, marks=pytest.mark.skipif(TEST_DEVICE == "cpu", reason="GPU only"))])
+@pytest.mark.parametrize(
+    "dtype, atol, length",
+    [
+        (torch.float32, 1e-4, 120),
+        (torch.float64, 1e-10, 120),
+        (torch.bfloat16, 2 / 16, 40),
+        pytest.param(torch.float16, 2 / 128, 120, marks=pytest.mark.skipif(TEST_DEVICE == "cpu", reason="GPU only")),
+    ],
+)
 def test_stock_kernels_agree_within_their_tolerance(default_checkpoint, default_tokenizer, dtype, atol, length):
     model = load_model(default_checkpoint, device=TEST_DEVICE, dtype=dtype, kernels="stock")
     ids = default_tokenizer.encode(SONNET)[:length]
@@ -157,8 +171,9 @@ def test_stock_kernels_agree_within_their_tolerance(default_checkpoint, default_
 
 def test_exact_and_stock_kernels_agree_within_float32_tolerance(default_model, stock_default_model, default_tokenizer):
     ids = default_tokenizer.encode(SONNET)[:60]
-    for (_, exact, _), (_, stock, _) in zip(cached_and_uncached(default_model, ids, 10),
-                                           cached_and_uncached(stock_default_model, ids, 10)):
+    for (_, exact, _), (_, stock, _) in zip(
+        cached_and_uncached(default_model, ids, 10), cached_and_uncached(stock_default_model, ids, 10)
+    ):
         torch.testing.assert_close(exact, stock, atol=1e-4, rtol=0)
 
 
@@ -183,5 +198,7 @@ def test_the_exact_kernels_build_on_a_cpu_unless_the_stock_ones_are_asked_for():
     run: on a CPU this one fails instead, saying why, unless KVSERVE_KERNELS=stock says so on purpose."""
     if TEST_DEVICE != "cpu" or os.environ.get("KVSERVE_KERNELS") == "stock":
         pytest.skip("not a CPU run, or the stock kernels were asked for (KVSERVE_KERNELS=stock)")
-    assert EXACT, (f"the exact kernels did not build here, so their tests were skipped: "
-                   f"{kernels.unavailable_reason()} (g++ and AVX2 are needed; KVSERVE_KERNELS=stock skips them)")
+    assert EXACT, (
+        f"the exact kernels did not build here, so their tests were skipped: "
+        f"{kernels.unavailable_reason()} (g++ and AVX2 are needed; KVSERVE_KERNELS=stock skips them)"
+    )

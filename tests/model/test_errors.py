@@ -1,4 +1,5 @@
 """Bad prompts and bad checkpoints fail with clear, specific errors."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import torch
 from model.checkpoint import CheckpointError, load_model, load_tokenizer
 from model.config import PromptError
 from model.generate import generate
-from model.sampling import SamplingParams, SamplingError
+from model.sampling import SamplingError, SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=4, temperature=0)
 
@@ -45,9 +46,18 @@ def test_model_forward_refuses_sequences_past_the_context(tiny_model):
         tiny_model(torch.zeros(1, tiny_model.config.n_positions + 1, dtype=torch.long))
 
 
-@pytest.mark.parametrize("field, value", [("temperature", -1.0), ("top_p", 0.0), ("top_k", -2),
-                                          ("repetition_penalty", 0.0), ("max_new_tokens", 0),
-                                          ("temperature", float("nan")), ("stop", ("",))])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", -1.0),
+        ("top_p", 0.0),
+        ("top_k", -2),
+        ("repetition_penalty", 0.0),
+        ("max_new_tokens", 0),
+        ("temperature", float("nan")),
+        ("stop", ("",)),
+    ],
+)
 def test_out_of_range_sampling_parameters_are_refused(field, value):
     with pytest.raises(SamplingError, match=field):
         SamplingParams(**{field: value})

@@ -1,4 +1,5 @@
 """Hugging Face GPT-2 checkpoints load into our model with equal logits, and ours load into theirs."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,9 +16,15 @@ from tests.conftest import TEST_DEVICE  # noqa: E402
 @pytest.fixture(scope="module")
 def hf_random_dir(tmp_path_factory, tiny_tokenizer):
     torch.manual_seed(3)
-    config = transformers.GPT2Config(vocab_size=tiny_tokenizer.vocab_size, n_positions=96, n_embd=48, n_layer=2,
-                                     n_head=4, eos_token_id=tiny_tokenizer.eos_token_id,
-                                     bos_token_id=tiny_tokenizer.eos_token_id)
+    config = transformers.GPT2Config(
+        vocab_size=tiny_tokenizer.vocab_size,
+        n_positions=96,
+        n_embd=48,
+        n_layer=2,
+        n_head=4,
+        eos_token_id=tiny_tokenizer.eos_token_id,
+        bos_token_id=tiny_tokenizer.eos_token_id,
+    )
     hf = transformers.GPT2LMHeadModel(config).eval()
     directory = tmp_path_factory.mktemp("hf-gpt2")
     hf.save_pretrained(directory)
@@ -47,13 +54,19 @@ def test_our_greedy_generation_equals_hf_generate(hf_random_dir, tiny_tokenizer)
     params = SamplingParams(max_new_tokens=40, temperature=0, ignore_eos=True)
     mine = [s.token_id for s in generate(ours, tiny_tokenizer, prompt, params)]
     with torch.inference_mode():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=40, min_new_tokens=40, do_sample=False,
-                             pad_token_id=tiny_tokenizer.eos_token_id)[0, len(prompt):].tolist()
+        theirs = hf.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=40,
+            min_new_tokens=40,
+            do_sample=False,
+            pad_token_id=tiny_tokenizer.eos_token_id,
+        )[0, len(prompt) :].tolist()
     assert mine == theirs
 
 
-def test_default_checkpoint_loads_into_transformers_with_equal_logits(default_checkpoint, default_model,
-                                                                      default_tokenizer):
+def test_default_checkpoint_loads_into_transformers_with_equal_logits(
+    default_checkpoint, default_model, default_tokenizer
+):
     hf = transformers.GPT2LMHeadModel.from_pretrained(default_checkpoint).eval()
     text = "HAMLET:\nTo be, or not to be, that is the question."
     ids = torch.tensor([default_tokenizer.encode(text)])

@@ -2,6 +2,7 @@
 torch reference of the same arithmetic; a row's result does not depend on its batch; an int8 model
 decodes cached to the same bits as recomputing; and the negative control shows that quantizing the
 activations per batch instead of per row would break that."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,10 @@ from model.kernels.int8 import dequantize, int8_unavailable_reason, pack_int8, q
 from tests.conftest import EXACT, random_model
 from tests.model.test_cache_identity import assert_identical_every_step, random_ids
 
-pytestmark = pytest.mark.skipif(not EXACT or int8_unavailable_reason() is not None,
-                                reason=f"the int8 kernels do not run here: {EXACT and int8_unavailable_reason()}")
+pytestmark = pytest.mark.skipif(
+    not EXACT or int8_unavailable_reason() is not None,
+    reason=f"the int8 kernels do not run here: {EXACT and int8_unavailable_reason()}",
+)
 
 
 def rand(*shape, scale=1.0, seed=0):
@@ -64,7 +67,7 @@ def test_int8_row_is_the_same_bits_in_any_batch(layer, rows):
     x = rand(rows, W.shape[0], seed=rows)
     together = kernels.linear(x, packed)
     for i in sorted({0, rows // 2, rows - 1}):
-        assert torch.equal(kernels.linear(x[i:i + 1], packed), together[i:i + 1]), f"row {i} of {rows} differs"
+        assert torch.equal(kernels.linear(x[i : i + 1], packed), together[i : i + 1]), f"row {i} of {rows} differs"
     shuffled = torch.randperm(rows, generator=torch.Generator().manual_seed(0))
     assert torch.equal(kernels.linear(x[shuffled], packed), together[shuffled]), "a row changed with its place"
 
@@ -85,8 +88,12 @@ def test_int8_epilogues_and_layer_norm_prologue(layer):
     x, res = rand(9, K, seed=6, scale=3.0) + 1, rand(9, O, seed=7)
     plain = kernels.linear(x, packed)
     assert torch.equal(kernels.linear(x, packed, EPILOGUE_RESIDUAL, res), res + plain)
-    torch.testing.assert_close(kernels.linear(x, packed, EPILOGUE_GELU),
-                               torch.nn.functional.gelu(plain, approximate="tanh"), atol=1e-6, rtol=4e-6)
+    torch.testing.assert_close(
+        kernels.linear(x, packed, EPILOGUE_GELU),
+        torch.nn.functional.gelu(plain, approximate="tanh"),
+        atol=1e-6,
+        rtol=4e-6,
+    )
     norm = torch.nn.LayerNorm(K)
     normed = kernels.linear(x, packed, norm=PackedNorm.pack(norm))
     with torch.no_grad():
@@ -112,18 +119,19 @@ def test_int8_model_cached_decode_is_bit_identical_to_recompute(n_embd, n_head):
 
 
 def test_int8_model_stays_close_to_float32(default_model, default_tokenizer):
+    from model.checkpoint import DEFAULT_CHECKPOINT, load_model
     from tests.model.test_cache_identity import SONNET
-    from model.checkpoint import load_model
-    from model.checkpoint import DEFAULT_CHECKPOINT
+
     int8 = load_model(DEFAULT_CHECKPOINT, quantization="int8")
     ids = torch.tensor([default_tokenizer.encode(SONNET)[:200]])
     with torch.no_grad():
         ref = default_model(ids)[0].log_softmax(-1)  # (T, V), the float32 model through torch
     from model.generate import recompute, sequence_cache
+
     cache, blocks = sequence_cache(int8, 200)
     step_logits = []
     for t in (50, 120, 199):
-        step_logits.append(recompute(int8, cache, ids[0, :t + 1].tolist(), blocks)[0].log_softmax(-1))
+        step_logits.append(recompute(int8, cache, ids[0, : t + 1].tolist(), blocks)[0].log_softmax(-1))
     ours = torch.stack(step_logits)
     want = ref[[50, 120, 199]]
     kl = (want.exp() * (want - ours)).sum(-1)
@@ -135,6 +143,7 @@ def test_int8_model_stays_close_to_float32(default_model, default_tokenizer):
 def amx():
     """Whether the int8 products can use AMX tiles here; turned back on after the test."""
     from model.kernels.library import handle
+
     lib = handle()
     yield lib
     lib.kv_set_amx(1)

@@ -1,6 +1,7 @@
 """The exact kernels, op by op: against a float64 reference (within float32 rounding), and invariant:
 a row's result is the same bits whatever else shares its call, where it sits, and how many threads run.
 The negative controls show the same comparisons fail for torch's matrix product, so they have teeth."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,13 +9,13 @@ import torch
 import torch.nn.functional as F
 
 from model import kernels
-from model.kernels import EPILOGUE_GELU, EPILOGUE_NONE, EPILOGUE_RESIDUAL, PackedNorm, PackedWeight
-from model.kv_cache import PagedKVCache, StepBatch
 from model.config import GPTConfig
+from model.kernels import EPILOGUE_GELU, EPILOGUE_RESIDUAL, PackedNorm, PackedWeight
+from model.kv_cache import PagedKVCache, StepBatch
 from tests.conftest import needs_exact
 
 pytestmark = needs_exact
-U = 2.0 ** -24  # float32 unit roundoff
+U = 2.0**-24  # float32 unit roundoff
 
 
 def rand(*shape, scale=1.0, seed=0):
@@ -45,8 +46,8 @@ def test_linear_row_is_the_same_bits_in_any_batch(layer, rows):
     x = rand(rows, W.shape[0], seed=rows)
     together = kernels.linear(x, packed)
     for i in sorted({0, rows // 2, rows - 1}):
-        alone = kernels.linear(x[i:i + 1], packed)
-        assert torch.equal(together[i:i + 1], alone), f"row {i} of {rows} differs from itself alone"
+        alone = kernels.linear(x[i : i + 1], packed)
+        assert torch.equal(together[i : i + 1], alone), f"row {i} of {rows} differs from itself alone"
     shuffled = torch.randperm(rows, generator=torch.Generator().manual_seed(0))
     assert torch.equal(kernels.linear(x[shuffled], packed), together[shuffled]), "a row changed with its place"
 
@@ -85,8 +86,9 @@ def test_gelu_epilogue_is_torch_gelu_within_float32_rounding(layer):
     W, b, packed = layer
     x = rand(9, W.shape[0], seed=8, scale=3.0)
     plain = kernels.linear(x, packed)
-    torch.testing.assert_close(kernels.linear(x, packed, EPILOGUE_GELU), F.gelu(plain, approximate="tanh"),
-                               atol=1e-6, rtol=4e-6)
+    torch.testing.assert_close(
+        kernels.linear(x, packed, EPILOGUE_GELU), F.gelu(plain, approximate="tanh"), atol=1e-6, rtol=4e-6
+    )
 
 
 def test_layer_norm_prologue_is_layer_norm_within_float32_rounding_and_row_invariant():
@@ -99,7 +101,7 @@ def test_layer_norm_prologue_is_layer_norm_within_float32_rounding_and_row_invar
     x = rand(21, 200, seed=13, scale=4) + 2
     ours = kernels.linear(x, packed, norm=ln)
     with torch.no_grad():
-        reference = (norm(x.double().float()).double() @ W.double() + b.double())
+        reference = norm(x.double().float()).double() @ W.double() + b.double()
     torch.testing.assert_close(ours.double(), reference, atol=2e-5, rtol=1e-5)
     assert torch.equal(kernels.linear(x[4:5], packed, norm=ln), ours[4:5])
 
@@ -112,7 +114,7 @@ def test_bfloat16_linear_sums_in_float32():
     assert ours.dtype == torch.bfloat16
     exact = x.double() @ W.double() + b.double()
     # float32 sums, one rounding to bfloat16 at the end (half a bfloat16 unit, 2^-9 relative)
-    assert ((ours.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-4).all()
+    assert ((ours.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-4).all()
     assert torch.equal(kernels.linear(x[3:4], packed), ours[3:4])
     logits = kernels.linear(x, packed, out_dtype=torch.float32)
     assert logits.dtype == torch.float32
@@ -150,8 +152,8 @@ def test_attention_is_within_float32_rounding_of_float64():
     k, v = qkv[:, 64:128].view(70, 2, 32), qkv[:, 128:].view(70, 2, 32)
     for t in (0, 1, 15, 16, 40, 69):
         for h in range(2):
-            ref = attention_reference(qkv[t, 32 * h: 32 * h + 32], k[:, h], v[:, h], t)
-            torch.testing.assert_close(out[t, 32 * h: 32 * h + 32].double(), ref, atol=2e-6, rtol=1e-5)
+            ref = attention_reference(qkv[t, 32 * h : 32 * h + 32], k[:, h], v[:, h], t)
+            torch.testing.assert_close(out[t, 32 * h : 32 * h + 32].double(), ref, atol=2e-6, rtol=1e-5)
 
 
 def read_cache(cache: PagedKVCache, layer: int, block_ids: list[int], length: int):
@@ -179,7 +181,7 @@ def test_attention_prefill_row_equals_the_decode_step_at_its_position():
     blocks = [4, 1, 6]
     prefill = run_attention(qkv, PagedKVCache(CONFIG, 8, 16), [(0, 45, blocks)])
     cache = PagedKVCache(CONFIG, 8, 16)
-    decode = torch.cat([run_attention(qkv[t:t + 1], cache, [(t, 1, blocks)]) for t in range(45)])
+    decode = torch.cat([run_attention(qkv[t : t + 1], cache, [(t, 1, blocks)]) for t in range(45)])
     assert torch.equal(prefill, decode)
 
 
@@ -220,12 +222,16 @@ def test_the_samplers_torch_ops_give_a_row_the_same_bits_in_any_batch(rows, thre
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        ops = {"logsumexp": lambda t: torch.logsumexp(t, dim=-1), "softmax": lambda t: t.softmax(dim=-1),
-               "cumsum": lambda t: t.softmax(dim=-1).double().cumsum(dim=-1), "argmax": lambda t: t.argmax(dim=-1)}
+        ops = {
+            "logsumexp": lambda t: torch.logsumexp(t, dim=-1),
+            "softmax": lambda t: t.softmax(dim=-1),
+            "cumsum": lambda t: t.softmax(dim=-1).double().cumsum(dim=-1),
+            "argmax": lambda t: t.argmax(dim=-1),
+        }
         for name, op in ops.items():
             batch = op(x[:rows])
             for i in sorted({0, rows - 1}):
-                assert torch.equal(op(x[i:i + 1]), batch[i:i + 1]), f"{name}: row {i} of {rows}"
+                assert torch.equal(op(x[i : i + 1]), batch[i : i + 1]), f"{name}: row {i} of {rows}"
     finally:
         torch.set_num_threads(before)
 
@@ -254,7 +260,7 @@ def test_a_bfloat16_cache_under_float32_activations_is_the_float32_kernel_over_r
     narrow = PagedKVCache(CONFIG, 8, 16, dtype=torch.bfloat16)
     out = run_attention(qkv, narrow, sequences)
     rounded = qkv.clone()
-    rounded[:, CONFIG.n_embd:] = qkv[:, CONFIG.n_embd:].bfloat16().float()  # keys and values as the cache holds them
+    rounded[:, CONFIG.n_embd :] = qkv[:, CONFIG.n_embd :].bfloat16().float()  # keys and values as the cache holds them
     wide = PagedKVCache(CONFIG, 8, 16)
     assert torch.equal(out, run_attention(rounded, wide, sequences))
     assert torch.equal(narrow.layers[0].float(), wide.layers[0])

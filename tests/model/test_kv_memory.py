@@ -1,4 +1,5 @@
 """The default KV cache size: derived from the model's bytes per token and the memory free at load."""
+
 from __future__ import annotations
 
 import logging

@@ -1,5 +1,6 @@
 """Sampling: per-row parameters in one batch, draws from (seed, token index), top-k/top-p, the
 repetition penalty, stop strings."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,9 +8,19 @@ import pytest
 import torch
 
 from model.generate import generate
-from model.sampling import (Penalties, SamplingBatch, SamplingParams, apply_repetition_penalty, bias_rows,
-                            copy_seed, filter_top_k_top_p, pick_by_inverse_cdf, sample, top_logprobs,
-                            uniform_draws)
+from model.sampling import (
+    Penalties,
+    SamplingBatch,
+    SamplingParams,
+    apply_repetition_penalty,
+    bias_rows,
+    copy_seed,
+    filter_top_k_top_p,
+    pick_by_inverse_cdf,
+    sample,
+    top_logprobs,
+    uniform_draws,
+)
 from model.text import StopMatcher
 
 M64 = 2**64 - 1
@@ -91,10 +102,18 @@ def test_presence_and_frequency_penalties_lower_a_logit_by_presence_plus_frequen
 def test_a_logit_bias_of_100_forces_its_token():
     torch.manual_seed(4)
     logits = torch.randn(2, 50)
-    params = [SamplingParams(temperature=0, logit_bias=((13, 100.0),)),
-              SamplingParams(temperature=0.8, seed=1, logit_bias=((31, 100.0), (13, -100.0)))]
-    penalties = Penalties(torch.ones(2), torch.zeros(2), torch.zeros(2), torch.zeros(2, 50, dtype=torch.bool),
-                          torch.zeros(2, 50), bias_rows(params, 50, "cpu"))
+    params = [
+        SamplingParams(temperature=0, logit_bias=((13, 100.0),)),
+        SamplingParams(temperature=0.8, seed=1, logit_bias=((31, 100.0), (13, -100.0))),
+    ]
+    penalties = Penalties(
+        torch.ones(2),
+        torch.zeros(2),
+        torch.zeros(2),
+        torch.zeros(2, 50, dtype=torch.bool),
+        torch.zeros(2, 50),
+        bias_rows(params, 50, "cpu"),
+    )
     tokens, logprobs = sample(logits, batch_of(params, penalties=penalties))
     assert tokens.tolist() == [13, 31]
     torch.testing.assert_close(logprobs, logits.log_softmax(-1).gather(1, tokens[:, None])[:, 0])  # unbiased
@@ -123,8 +142,11 @@ def test_inverse_cdf_picks_each_token_with_its_probability():
 def test_rows_with_different_parameters_share_one_call():
     torch.manual_seed(0)
     logits = torch.randn(3, 50)
-    params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0, top_k=1, seed=1),
-              SamplingParams(temperature=0.7, seed=5)]
+    params = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.0, top_k=1, seed=1),
+        SamplingParams(temperature=0.7, seed=5),
+    ]
     tokens, logprobs = sample(logits, batch_of(params, seeds=[0, 1, 5]))
     assert tokens[0] == logits[0].argmax() and tokens[1] == logits[1].argmax()  # greedy, and top-k=1
     torch.testing.assert_close(logprobs, logits.log_softmax(-1).gather(1, tokens[:, None])[:, 0])
@@ -134,12 +156,14 @@ def test_rows_with_different_parameters_share_one_call():
 def test_a_seeded_row_samples_the_same_token_and_logprob_in_any_batch(rows):
     torch.manual_seed(1)
     logits = torch.randn(rows, 400) * 2
-    params = [SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=i) if i % 2 else SamplingParams(temperature=0)
-              for i in range(rows)]
+    params = [
+        SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=i) if i % 2 else SamplingParams(temperature=0)
+        for i in range(rows)
+    ]
     seeds, indices = list(range(rows)), [3 * i for i in range(rows)]
     tokens, logprobs = sample(logits, batch_of(params, seeds, indices))
     for i in range(rows):
-        alone, alone_lp = sample(logits[i:i + 1], batch_of(params[i:i + 1], seeds[i:i + 1], indices[i:i + 1]))
+        alone, alone_lp = sample(logits[i : i + 1], batch_of(params[i : i + 1], seeds[i : i + 1], indices[i : i + 1]))
         assert (alone.item(), alone_lp.item()) == (tokens[i].item(), logprobs[i].item()), f"row {i} of {rows}"
 
 
@@ -147,6 +171,7 @@ def test_same_seed_same_text_different_seed_different_text(tiny_model, tiny_toke
     def text(seed):
         params = SamplingParams(max_new_tokens=30, temperature=1.0, seed=seed, ignore_eos=True)
         return [s.token_id for s in generate(tiny_model, tiny_tokenizer, "To be", params)]
+
     assert text(7) == text(7)
     assert text(7) != text(8)
 
@@ -155,6 +180,7 @@ def test_repetition_penalty_in_generate_changes_the_text(tiny_model, tiny_tokeni
     def ids(penalty):
         params = SamplingParams(max_new_tokens=40, temperature=0, repetition_penalty=penalty, ignore_eos=True)
         return [s.token_id for s in generate(tiny_model, tiny_tokenizer, "To be", params)]
+
     plain, penalised = ids(1.0), ids(3.0)
     assert plain != penalised
     assert len(set(penalised)) >= len(set(plain)), "a penalty for repeats should not narrow the vocabulary used"
@@ -179,7 +205,9 @@ def test_generation_stops_at_a_stop_string_with_reason_stop(tiny_model, tiny_tok
     full = "".join(s.text for s in generate(tiny_model, tiny_tokenizer, "To be", params))
     stop = full[10:13]
     assert len(stop) == 3
-    steps = list(generate(tiny_model, tiny_tokenizer, "To be", params.__class__(**{**params.__dict__, "stop": (stop,)})))
+    steps = list(
+        generate(tiny_model, tiny_tokenizer, "To be", params.__class__(**{**params.__dict__, "stop": (stop,)}))
+    )
     text = "".join(s.text for s in steps)
     assert steps[-1].finish_reason == "stop"
     assert text == full[: full.index(stop)]

@@ -1,5 +1,6 @@
 """One flattened step: any mix of decode rows, prompt chunks and whole recomputes gives each sequence
 what it gets alone; later tokens never change earlier logits; no attention row is ever fully masked."""
+
 from __future__ import annotations
 
 import torch
@@ -30,12 +31,19 @@ def test_a_mixed_step_gives_each_sequence_the_logits_it_gets_alone(tiny_model):
     shared = PagedKVCache(model.config, 32, 16, device=model.device)
     blocks = {"decode": [0, 1], "chunk": [5, 6, 7, 8], "recompute": [20, 21, 22]}
     logits_of_step(model, shared, [(decode_seq[:29], 0, blocks["decode"]), (chunk_seq[:20], 0, blocks["chunk"])])
-    mixed = logits_of_step(model, shared, [(decode_seq[29:], 29, blocks["decode"]),
-                                           (chunk_seq[20:], 20, blocks["chunk"]),
-                                           (recompute_seq, 0, blocks["recompute"])])
+    mixed = logits_of_step(
+        model,
+        shared,
+        [
+            (decode_seq[29:], 29, blocks["decode"]),
+            (chunk_seq[20:], 20, blocks["chunk"]),
+            (recompute_seq, 0, blocks["recompute"]),
+        ],
+    )
     for got, seq, name in zip(mixed, (decode_seq, chunk_seq, recompute_seq), blocks):
-        alone = logits_of_step(model, PagedKVCache(model.config, 8, 16, device=model.device),
-                               [(seq, 0, list(range(-(-len(seq) // 16))))])[0]
+        alone = logits_of_step(
+            model, PagedKVCache(model.config, 8, 16, device=model.device), [(seq, 0, list(range(-(-len(seq) // 16))))]
+        )[0]
         assert same(got, alone), f"the {name} row differs from the sequence alone"
 
 
@@ -46,8 +54,9 @@ def test_changing_a_later_token_never_changes_earlier_logits(tiny_model):
     outs = []
     for seq in (ids, changed):
         step = StepBatch.build([(seq, 0, [0, 1, 2])], 16, model.device)
-        outs.append(model.compute_logits(model.forward_step(step, PagedKVCache(model.config, 3, 16,
-                                                                                device=model.device))))
+        outs.append(
+            model.compute_logits(model.forward_step(step, PagedKVCache(model.config, 3, 16, device=model.device)))
+        )
     assert same(outs[0][:25], outs[1][:25])
     assert not torch.equal(outs[0][25:], outs[1][25:])
 

@@ -1,4 +1,5 @@
 """Byte-level BPE round trips any text; streaming decode never splits or loses a character."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Training runs and improves on a tiny corpus; its checkpoint reloads; the CLI prints only text."""
+
 from __future__ import annotations
 
 import json
@@ -20,10 +21,37 @@ def tiny_run(tmp_path, out, steps, *extra):
     corpus.mkdir(exist_ok=True)
     (corpus / "a.txt").write_text(TINY_TEXT * 3)
     (corpus / "b.txt").write_text(TINY_TEXT[::-1] * 2)
-    return train_main(["--data", str(corpus / "a.txt"), "--val", str(corpus / "b.txt"), "--out", str(out),
-                       "--preset", "tiny", "--vocab-size", "300", "--block-size", "32", "--batch-size", "8",
-                       "--max-steps", str(steps), "--warmup", "5", "--lr", "3e-3", "--eval-interval", "10",
-                       "--eval-batches", "2", "--dropout", "0.0", *extra])
+    return train_main(
+        [
+            "--data",
+            str(corpus / "a.txt"),
+            "--val",
+            str(corpus / "b.txt"),
+            "--out",
+            str(out),
+            "--preset",
+            "tiny",
+            "--vocab-size",
+            "300",
+            "--block-size",
+            "32",
+            "--batch-size",
+            "8",
+            "--max-steps",
+            str(steps),
+            "--warmup",
+            "5",
+            "--lr",
+            "3e-3",
+            "--eval-interval",
+            "10",
+            "--eval-batches",
+            "2",
+            "--dropout",
+            "0.0",
+            *extra,
+        ]
+    )
 
 
 def test_training_lowers_the_loss_and_writes_a_loadable_checkpoint(tmp_path):
@@ -48,8 +76,21 @@ def test_training_resumes_from_its_own_state(tmp_path):
 
 
 def test_generate_cli_prints_only_the_generated_text(tiny_checkpoint):
-    cmd = [sys.executable, "-m", "model.generate", "--checkpoint", str(tiny_checkpoint), "--prompt", "To be",
-           "--max-new-tokens", "12", "--temperature", "0", "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "model.generate",
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--prompt",
+        "To be",
+        "--max-new-tokens",
+        "12",
+        "--temperature",
+        "0",
+        "--device",
+        "cpu",
+    ]
     cached = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=True)
     uncached = subprocess.run(cmd + ["--no-cache"], capture_output=True, text=True, cwd=REPO, check=True)
     assert cached.stdout == uncached.stdout and cached.stdout.strip()

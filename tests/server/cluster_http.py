@@ -1,5 +1,6 @@
 """What the cluster tests ask of the apps over HTTP: consecutive free ports (Serve's direct ingress listens
 on one per application), the application on a port, requests, and /metrics' figures."""
+
 from __future__ import annotations
 
 import json
@@ -61,8 +62,12 @@ def stream(url: str, path: str, body: dict) -> list[dict]:
 
 def requests_by_stream(url: str) -> dict[str, float]:
     text = httpx.get(url + "/metrics", timeout=10, trust_env=False).text
-    return {stream: float(line.rsplit(" ", 1)[1]) for stream in ("feed", "call") for line in text.splitlines()
-            if line.startswith(f'kvserve:cluster_requests_total{{stream="{stream}"}}')}
+    return {
+        stream: float(line.rsplit(" ", 1)[1])
+        for stream in ("feed", "call")
+        for line in text.splitlines()
+        if line.startswith(f'kvserve:cluster_requests_total{{stream="{stream}"}}')
+    }
 
 
 def metric(url: str, name: str) -> float:

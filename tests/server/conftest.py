@@ -1,4 +1,5 @@
 """Live servers for the HTTP tests: the real app under uvicorn on an ephemeral 127.0.0.1 port."""
+
 from __future__ import annotations
 
 import json
@@ -47,7 +48,7 @@ class LiveServer:
     def engine(self) -> Engine:
         return self.app.state.kvserve.engine
 
-    def start(self, timeout: float = 60.0) -> "LiveServer":
+    def start(self, timeout: float = 60.0) -> LiveServer:
         self._thread.start()
         wait_healthy(self.url, timeout)
         return self
@@ -132,17 +133,32 @@ class ServerProcess:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "server", "--checkpoint", str(checkpoint), "--port", str(port),
-               "--device", TEST_DEVICE, "--threads", "1", "--log-level", "warning", *flags]
+        cmd = [
+            sys.executable,
+            "-m",
+            "server",
+            "--checkpoint",
+            str(checkpoint),
+            "--port",
+            str(port),
+            "--device",
+            TEST_DEVICE,
+            "--threads",
+            "1",
+            "--log-level",
+            "warning",
+            *flags,
+        ]
         self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a full pipe would stall the server
-        self.proc = subprocess.Popen(cmd, cwd=Path(__file__).parents[2], stdout=self.log, stderr=subprocess.STDOUT,
-                                     text=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=Path(__file__).parents[2], stdout=self.log, stderr=subprocess.STDOUT, text=True
+        )
 
     def output(self) -> str:
         self.log.seek(0)
         return self.log.read()
 
-    def wait_healthy(self, timeout: float = 120.0) -> "ServerProcess":
+    def wait_healthy(self, timeout: float = 120.0) -> ServerProcess:
         def alive() -> None:
             assert self.proc.poll() is None, f"the server exited: {self.output()}"
 

@@ -1,5 +1,6 @@
 """Holding the engine between two steps, with its thread still serving `run_between_steps` (so `GET /kv`
 answers while a request is held mid-generation; `engine_held_after_token` holds inside a step instead)."""
+
 from __future__ import annotations
 
 import threading
@@ -35,8 +36,9 @@ class StepGate:
     @at.setter
     def at(self, num_tokens: int | None) -> None:
         """Holds once a running request has `num_tokens` generated tokens (None: open)."""
-        self.hold_when(None if num_tokens is None else
-                       lambda s: any(r.num_output_tokens >= num_tokens for r in s.running))
+        self.hold_when(
+            None if num_tokens is None else lambda s: any(r.num_output_tokens >= num_tokens for r in s.running)
+        )
 
     def _gated_schedule(self) -> SchedulerOutput:
         with self._lock:

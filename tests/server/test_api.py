@@ -1,4 +1,5 @@
 """The HTTP API against a live server: TGI JSON and SSE, OpenAI completions, concurrency, metrics."""
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -6,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from tests.conftest import EXACT
-from tests.server.conftest import blocks_free, hook_sampling, sse_events, wait_for
+from tests.server.conftest import hook_sampling, sse_events, wait_for
 
 
 def generate(live, inputs, **parameters):
@@ -16,8 +17,10 @@ def generate(live, inputs, **parameters):
 
 
 def stream(live, inputs, path="/generate_stream", headers=None, **parameters):
-    with live.client() as c, c.stream("POST", path, json={"inputs": inputs, "parameters": parameters},
-                                      headers=headers) as r:
+    with (
+        live.client() as c,
+        c.stream("POST", path, json={"inputs": inputs, "parameters": parameters}, headers=headers) as r,
+    ):
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         return sse_events(r.iter_lines())
 
@@ -48,8 +51,11 @@ def test_stream_tokens_concatenate_to_the_non_streamed_text_for_the_same_seed(li
 def test_generate_streams_when_asked_by_body_or_accept_header(live):
     plain = generate(live, "To be", max_new_tokens=5)["generated_text"]
     with live.client() as c:
-        by_body = sse_events(c.post("/generate", json={"inputs": "To be", "parameters": {"max_new_tokens": 5},
-                                                       "stream": True}).iter_lines())
+        by_body = sse_events(
+            c.post(
+                "/generate", json={"inputs": "To be", "parameters": {"max_new_tokens": 5}, "stream": True}
+            ).iter_lines()
+        )
     by_header = stream(live, "To be", path="/generate", headers={"Accept": "text/event-stream"}, max_new_tokens=5)
     assert by_body[-1]["generated_text"] == by_header[-1]["generated_text"] == plain
 
@@ -57,8 +63,10 @@ def test_generate_streams_when_asked_by_body_or_accept_header(live):
 def test_compat_route_answers_a_list_or_a_stream(live):
     body = {"inputs": "To be", "parameters": {"max_new_tokens": 4}}
     listed = httpx.post(live.url + "/", json=body, timeout=60).json()
-    assert isinstance(listed, list) and listed[0]["generated_text"] == generate(live, "To be", max_new_tokens=4)[
-        "generated_text"]
+    assert (
+        isinstance(listed, list)
+        and listed[0]["generated_text"] == generate(live, "To be", max_new_tokens=4)["generated_text"]
+    )
     with live.client() as c:
         events = sse_events(c.post("/", json={**body, "stream": True}).iter_lines())
     assert events[-1]["generated_text"] == listed[0]["generated_text"]
@@ -93,7 +101,8 @@ def test_use_cache_false_gives_the_same_greedy_text(live):
         assert uncached["details"]["use_cache"] is False
         if EXACT:
             assert [t["logprob"] for t in uncached["details"]["tokens"]] == [
-                t["logprob"] for t in cached["details"]["tokens"]]
+                t["logprob"] for t in cached["details"]["tokens"]
+            ]
 
 
 def test_a_repeated_long_prompt_is_served_from_the_prefix_cache_with_the_same_logprobs(live):
@@ -120,8 +129,11 @@ def test_chinese_and_emoji_stream_without_broken_characters(live):
 
 
 def test_openai_completion_non_streaming(live):
-    r = httpx.post(live.url + "/v1/completions", timeout=60,
-                   json={"model": "tiny", "prompt": "To be", "max_tokens": 6, "temperature": 0, "logprobs": 0})
+    r = httpx.post(
+        live.url + "/v1/completions",
+        timeout=60,
+        json={"model": "tiny", "prompt": "To be", "max_tokens": 6, "temperature": 0, "logprobs": 0},
+    )
     body = r.json()
     assert r.status_code == 200 and body["object"] == "text_completion"
     choice = body["choices"][0]
@@ -132,11 +144,17 @@ def test_openai_completion_non_streaming(live):
 
 def test_openai_stream_ends_with_done(live):
     with live.client() as c:
-        events = sse_events(c.post("/v1/completions", json={"model": "tiny", "prompt": "To be", "max_tokens": 6,
-                                                            "temperature": 0, "stream": True}).iter_lines())
+        events = sse_events(
+            c.post(
+                "/v1/completions",
+                json={"model": "tiny", "prompt": "To be", "max_tokens": 6, "temperature": 0, "stream": True},
+            ).iter_lines()
+        )
     assert events[-1] == "[DONE]"
-    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == generate(live, "To be", max_new_tokens=6)[
-        "generated_text"]
+    assert (
+        "".join(e["choices"][0]["text"] for e in events[:-1])
+        == generate(live, "To be", max_new_tokens=6)["generated_text"]
+    )
     assert events[-2]["choices"][0]["finish_reason"] in ("length", "stop")
 
 
@@ -155,11 +173,18 @@ def test_metrics_count_tokens_and_finished_requests(live):
     assert live.metric("kvserve:generation_tokens_total", model_name="tiny") == before + 3
     assert live.metric("kvserve:request_success_total", finished_reason="length") == done_before + 1
     text = httpx.get(live.url + "/metrics").text
-    for name in ("kvserve:time_to_first_token_seconds_bucket", "kvserve:inter_token_latency_seconds_count",
-                 "kvserve:e2e_request_latency_seconds_sum", "kvserve:request_queue_time_seconds_count",
-                 "kvserve:kv_cache_usage_perc", "kvserve:num_requests_waiting", "kvserve:prompt_tokens_total",
-                 "kvserve:prefix_cache_queries_total", "kvserve:prefix_cache_hits_total",
-                 "kvserve:num_preemptions_total"):
+    for name in (
+        "kvserve:time_to_first_token_seconds_bucket",
+        "kvserve:inter_token_latency_seconds_count",
+        "kvserve:e2e_request_latency_seconds_sum",
+        "kvserve:request_queue_time_seconds_count",
+        "kvserve:kv_cache_usage_perc",
+        "kvserve:num_requests_waiting",
+        "kvserve:prompt_tokens_total",
+        "kvserve:prefix_cache_queries_total",
+        "kvserve:prefix_cache_hits_total",
+        "kvserve:num_preemptions_total",
+    ):
         assert name in text, name
 
 
@@ -216,7 +241,9 @@ def test_sampling_without_a_seed_reports_the_one_it_drew(live):
     out = generate(live, "To be", max_new_tokens=5, do_sample=True, details=True)
     seed = out["details"]["seed"]
     assert isinstance(seed, int)
-    assert generate(live, "To be", max_new_tokens=5, do_sample=True, seed=seed)["generated_text"] == out["generated_text"]
+    assert (
+        generate(live, "To be", max_new_tokens=5, do_sample=True, seed=seed)["generated_text"] == out["generated_text"]
+    )
     assert generate(live, "To be", max_new_tokens=5, details=True)["details"]["seed"] is None
 
 
@@ -242,9 +269,19 @@ def test_a_streamed_response_closes_its_generation_on_the_event_loop_thread():
 
         async def send(message: dict) -> None:
             sent.append(message)
+
         response = sse_response(events(), lambda: closed_on.append(threading.current_thread()))
-        await response({"type": "http", "method": "GET", "path": "/", "headers": [],
-                        "asgi": {"version": "3.0", "spec_version": "2.3"}}, receive, send)  # uvicorn's
+        await response(
+            {
+                "type": "http",
+                "method": "GET",
+                "path": "/",
+                "headers": [],
+                "asgi": {"version": "3.0", "spec_version": "2.3"},
+            },
+            receive,
+            send,
+        )  # uvicorn's
         return sent
 
     sent = asyncio.run(respond())

@@ -1,4 +1,5 @@
 """`parameters.return_attention` against a live server: the weights returned are the model's own."""
+
 from __future__ import annotations
 
 import httpx
@@ -10,7 +11,7 @@ from server.api.attention_view import ATTENTION_DECIMALS, MAX_ATTENTION_QUERIES
 from tests.server.conftest import sse_events
 
 PROMPT = "To be, or not to be, that is the question"
-ROUNDING = 0.5 * 10 ** -ATTENTION_DECIMALS  # the most one rounded weight may differ from the exact one
+ROUNDING = 0.5 * 10**-ATTENTION_DECIMALS  # the most one rounded weight may differ from the exact one
 
 
 def post_generate(live, **parameters) -> dict:
@@ -50,15 +51,22 @@ def test_returned_weights_equal_the_models_for_prompt_and_generated_ids(live, us
     assert (weights[:, :, future] == 0).all(), "a generated token attended to a later position"
 
     expected = reference_rows(live, ids, len(prompt_ids))
-    torch.testing.assert_close(weights, expected, atol=ROUNDING + 1e-6, rtol=0,
-                               msg=lambda m: f"API weights differ from model.attention.attention_weights: {m}")
+    torch.testing.assert_close(
+        weights,
+        expected,
+        atol=ROUNDING + 1e-6,
+        rtol=0,
+        msg=lambda m: f"API weights differ from model.attention.attention_weights: {m}",
+    )
 
 
 def test_stream_carries_the_same_weights_in_its_last_event(live):
     parameters = dict(max_new_tokens=10, return_attention=True)
     whole = post_generate(live, **parameters)["details"]["attention"]
-    with live.client() as c, c.stream("POST", "/generate_stream",
-                                      json={"inputs": PROMPT, "parameters": parameters}) as r:
+    with (
+        live.client() as c,
+        c.stream("POST", "/generate_stream", json={"inputs": PROMPT, "parameters": parameters}) as r,
+    ):
         assert r.status_code == 200
         events = sse_events(r.iter_lines())
     assert all(e["details"] is None for e in events[:-1]), "attention sent before the last event"
@@ -66,8 +74,9 @@ def test_stream_carries_the_same_weights_in_its_last_event(live):
 
 
 def test_weights_are_returned_for_at_most_the_first_64_generated_tokens(live):
-    out = post_generate(live, max_new_tokens=MAX_ATTENTION_QUERIES + 16, return_attention=True, stop=[],
-                        do_sample=True, seed=1)
+    out = post_generate(
+        live, max_new_tokens=MAX_ATTENTION_QUERIES + 16, return_attention=True, stop=[], do_sample=True, seed=1
+    )
     attention, prompt_len = out["details"]["attention"], len(live.engine.tokenizer.encode(PROMPT))
     assert out["details"]["generated_tokens"] > MAX_ATTENTION_QUERIES, "the seed should not stop early"
     weights = torch.tensor(attention["weights"], dtype=torch.float64)
@@ -85,8 +94,10 @@ def test_attention_is_absent_unless_asked_for(live):
 
 def test_return_attention_turns_details_on(live):
     out = post_generate(live, max_new_tokens=4, return_attention=True)
-    assert out["details"]["generated_tokens"] == len(out["details"]["tokens"]) == 4 or \
-        out["details"]["finish_reason"] == "eos_token"
+    assert (
+        out["details"]["generated_tokens"] == len(out["details"]["tokens"]) == 4
+        or out["details"]["finish_reason"] == "eos_token"
+    )
     assert out["details"]["attention"]["query_start"] == out["details"]["input_length"]
 
 

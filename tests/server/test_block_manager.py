@@ -1,5 +1,6 @@
 """The block manager on its own: reference counts, the hash chain, eviction (empty blocks first, then
 segmented LRU), no double free."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,9 @@ from server.engine.request import Request
 
 
 def request(tokens, salt=None, use_cache=True):
-    return Request(list(tokens), SamplingParams(temperature=0), seed=0, sink=lambda o: None, use_cache=use_cache,
-                   cache_salt=salt)
+    return Request(
+        list(tokens), SamplingParams(temperature=0), seed=0, sink=lambda o: None, use_cache=use_cache, cache_salt=salt
+    )
 
 
 def admitted(bm, tokens, **kw):
@@ -210,6 +212,7 @@ def test_block_keys_do_not_collide_where_pythons_tuple_hash_does():
     """Parent keys 2^61 - 1 apart hash alike inside a tuple (Python reduces ints modulo 2^61 - 1), and a hit
     is verified against its block's own tokens only: the chain must not inherit that collision."""
     from server.engine.block_manager import NO_SALT, block_key
+
     tokens = tuple(range(16))
     twin = NO_SALT - (2**61 - 1)
     assert hash((NO_SALT, tokens)) == hash((twin, tokens))  # the collision the chain must not have

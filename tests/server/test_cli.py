@@ -1,4 +1,5 @@
 """`python -m server`: flags and refusal of an incomplete checkpoint."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,16 +12,32 @@ from server.engine.config import EngineConfig
 def test_defaults_follow_the_brief():
     args = parse_args([])
     assert (args.checkpoint, args.host, args.port, args.device, args.dtype) == (
-        DEFAULT_CHECKPOINT, "127.0.0.1", 8000, "auto", "float32")
+        DEFAULT_CHECKPOINT,
+        "127.0.0.1",
+        8000,
+        "auto",
+        "float32",
+    )
 
 
 def test_engine_flags_default_to_the_engine_config():
     """The server and an Engine built in code run with the same settings (the flag once said 256)."""
     args, config = parse_args([]), EngineConfig()
-    assert (args.max_num_seqs, args.max_waiting, args.max_num_batched_tokens, args.kv_cache_memory,
-            args.block_size, args.prefix_caching) == (
-        config.max_num_seqs, config.max_waiting, config.max_num_batched_tokens, config.kv_cache_memory,
-        config.block_size, config.enable_prefix_caching)
+    assert (
+        args.max_num_seqs,
+        args.max_waiting,
+        args.max_num_batched_tokens,
+        args.kv_cache_memory,
+        args.block_size,
+        args.prefix_caching,
+    ) == (
+        config.max_num_seqs,
+        config.max_waiting,
+        config.max_num_batched_tokens,
+        config.kv_cache_memory,
+        config.block_size,
+        config.enable_prefix_caching,
+    )
 
 
 def test_quantization_flag_reaches_the_engine_config():
@@ -44,15 +61,49 @@ def test_an_incomplete_checkpoint_exits_2_with_a_message(tmp_path, capsys):
 def test_security_and_limit_flags_parse(monkeypatch):
     monkeypatch.delenv("KVSERVE_API_KEY", raising=False)
     args = parse_args([])
-    assert (args.api_key, args.cors_origin, args.max_body_bytes, args.max_stop_sequences, args.request_timeout,
-            args.shutdown_grace) == (None, [], 2_000_000, 4, None, 30.0)
-    args = parse_args(["--api-key", "k", "--cors-origin", "http://a", "--cors-origin", "http://b",
-                       "--max-body-bytes", "10", "--max-input-tokens", "5", "--max-new-tokens", "6",
-                       "--max-stop-sequences", "2", "--max-stop-length", "9", "--request-timeout", "1.5",
-                       "--shutdown-grace", "0"])
-    assert (args.api_key, args.cors_origin, args.max_body_bytes, args.max_input_tokens, args.max_new_tokens,
-            args.max_stop_sequences, args.max_stop_length, args.request_timeout, args.shutdown_grace) == (
-        "k", ["http://a", "http://b"], 10, 5, 6, 2, 9, 1.5, 0.0)
+    assert (
+        args.api_key,
+        args.cors_origin,
+        args.max_body_bytes,
+        args.max_stop_sequences,
+        args.request_timeout,
+        args.shutdown_grace,
+    ) == (None, [], 2_000_000, 4, None, 30.0)
+    args = parse_args(
+        [
+            "--api-key",
+            "k",
+            "--cors-origin",
+            "http://a",
+            "--cors-origin",
+            "http://b",
+            "--max-body-bytes",
+            "10",
+            "--max-input-tokens",
+            "5",
+            "--max-new-tokens",
+            "6",
+            "--max-stop-sequences",
+            "2",
+            "--max-stop-length",
+            "9",
+            "--request-timeout",
+            "1.5",
+            "--shutdown-grace",
+            "0",
+        ]
+    )
+    assert (
+        args.api_key,
+        args.cors_origin,
+        args.max_body_bytes,
+        args.max_input_tokens,
+        args.max_new_tokens,
+        args.max_stop_sequences,
+        args.max_stop_length,
+        args.request_timeout,
+        args.shutdown_grace,
+    ) == ("k", ["http://a", "http://b"], 10, 5, 6, 2, 9, 1.5, 0.0)
 
 
 def test_the_api_key_comes_from_the_environment(monkeypatch):
@@ -75,6 +126,7 @@ def test_the_step_time_target_flag_reaches_the_engine_config():
 
 def test_the_ngram_history_flag_reaches_the_engine_config_and_zero_turns_it_off():
     from server.__main__ import engine_config_from
+
     assert engine_config_from(parse_args([])).ngram_history == EngineConfig().ngram_history > 0
     assert engine_config_from(parse_args(["--ngram-history", "0"])).ngram_history == 0
     assert engine_config_from(parse_args(["--ngram-history", "24"])).ngram_history == 24
@@ -94,7 +146,12 @@ def test_log_level_trace_starts_as_the_help_says(tmp_path):
     would hide it in this one. The cluster's command configures logging before it checks the checkpoint."""
     import subprocess
     import sys
-    done = subprocess.run([sys.executable, "-m", "server.cluster", "--checkpoint", str(tmp_path / "missing"),
-                           "--log-level", "trace"], capture_output=True, text=True, timeout=120)
+
+    done = subprocess.run(
+        [sys.executable, "-m", "server.cluster", "--checkpoint", str(tmp_path / "missing"), "--log-level", "trace"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "not a complete checkpoint" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr

@@ -1,6 +1,7 @@
 """The Ray Serve app on a real local Ray (`ray.init(num_cpus=2)`): two engine replicas behind the ingress,
 against one `python -m server` on the same checkpoint. Skipped where Ray is not installed (the `cluster`
 extra, which `make test` installs)."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,18 @@ from bench.tiny_checkpoint import main as make_tiny_checkpoint  # noqa: E402
 from server.cluster.app import ClusterSettings, build_app  # noqa: E402
 from server.cluster.env import direct_ingress_env, own_ray_env  # noqa: E402
 from server.engine import EngineConfig  # noqa: E402
-from tests.server.cluster_http import (free_port, free_ports, metric, post, replica_pids,  # noqa: E402
-                                        requests_by_stream, stream, wait_routes)
-from tests.server.conftest import serve as serve_single, wait_healthy  # noqa: E402
+from tests.server.cluster_http import (  # noqa: E402
+    free_port,
+    free_ports,
+    metric,
+    post,
+    replica_pids,
+    requests_by_stream,
+    stream,
+    wait_routes,
+)
+from tests.server.conftest import serve as serve_single  # noqa: E402
+from tests.server.conftest import wait_healthy  # noqa: E402
 
 NUM_BLOCKS = 160  # per replica: a 1024-token sequence needs 64 blocks of 16
 
@@ -57,9 +67,15 @@ def cluster(checkpoint):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
     for name, router, replicas, cpus, limits in APPS:
-        settings = ClusterSettings(checkpoint=checkpoint, replicas=replicas, router=router, replica_cpus=cpus,
-                                   engine=EngineConfig(threads=1, num_blocks=NUM_BLOCKS, **limits), model_name="tiny",
-                                   imbalance_threshold=IMBALANCE_THRESHOLD)
+        settings = ClusterSettings(
+            checkpoint=checkpoint,
+            replicas=replicas,
+            router=router,
+            replica_cpus=cpus,
+            engine=EngineConfig(threads=1, num_blocks=NUM_BLOCKS, **limits),
+            model_name="tiny",
+            imbalance_threshold=IMBALANCE_THRESHOLD,
+        )
         serve.run(build_app(settings), name=name, route_prefix="/" if name == "kv" else f"/{name}", blocking=False)
     urls = {}
     for port in range(first, first + len(APPS)):
@@ -86,8 +102,10 @@ def single(checkpoint):
 
 def test_two_replicas_answer_what_a_single_server_answers_streamed_and_not(cluster, single):
     cluster = cluster["kv"]
-    body = {"inputs": "ROMEO: the quick brown", "parameters": {"max_new_tokens": 24, "details": True,
-                                                                "decoder_input_details": True}}
+    body = {
+        "inputs": "ROMEO: the quick brown",
+        "parameters": {"max_new_tokens": 24, "details": True, "decoder_input_details": True},
+    }
     one, many = post(single, "/generate", body), post(cluster, "/generate", body)
     assert many["generated_text"] == one["generated_text"]
     assert [t["logprob"] for t in many["details"]["tokens"]] == [t["logprob"] for t in one["details"]["tokens"]]
@@ -113,6 +131,7 @@ def test_requests_ride_their_replicas_feed_once_open_and_stream_again_after_it_e
     request there and carries the next ones; it ends once no request has been on it for FEED_IDLE_S, and
     the next request there comes on its own call and opens it again. The tokens are the same either way."""
     from server.cluster.replica import FEED_IDLE_S
+
     body = {"inputs": "JULIET: wherefore art", "parameters": {"max_new_tokens": 12, "details": True}}
     one = [t["id"] for t in post(single, "/generate", body)["details"]["tokens"]]
     time.sleep(FEED_IDLE_S + 1.5)  # the feeds the earlier tests opened have ended
@@ -137,8 +156,11 @@ def _tenant_runs(url: str, seed: int) -> list[tuple[int, int]]:
     rng.shuffle(order)
     seen, runs = set(), []
     for i, t in enumerate(order):
-        out = post(url, "/generate", {"inputs": f"{prefixes[t]} question {i}:",
-                                       "parameters": {"max_new_tokens": 2, "details": True}})
+        out = post(
+            url,
+            "/generate",
+            {"inputs": f"{prefixes[t]} question {i}:", "parameters": {"max_new_tokens": 2, "details": True}},
+        )
         runs.append((t, out["details"]["cached_tokens"], t in seen))
         seen.add(t)
     return runs
@@ -173,8 +195,14 @@ def test_kv_routing_falls_back_to_the_least_loaded_replica_past_the_imbalance_th
     cached: list[int] = []
 
     def run(i: int) -> None:
-        out = post(url, "/generate", {"inputs": f"{prefix} {i}", "parameters": {
-            "max_new_tokens": 300, "ignore_eos": True, "details": True, "speculative": False}})
+        out = post(
+            url,
+            "/generate",
+            {
+                "inputs": f"{prefix} {i}",
+                "parameters": {"max_new_tokens": 300, "ignore_eos": True, "details": True, "speculative": False},
+            },
+        )
         cached.append(out["details"]["cached_tokens"])
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(1, 9)]
@@ -195,8 +223,9 @@ def test_a_full_replica_answers_429_as_a_single_server_does(cluster):
     400, naming the flags (a 429 would invite retries that never succeed). Refused by Serve (its queue
     full): 429."""
     url = cluster["small"]
-    r = httpx.post(url + "/v1/completions", json={"prompt": "two copies", "max_tokens": 4, "n": 2}, timeout=60,
-                   trust_env=False)
+    r = httpx.post(
+        url + "/v1/completions", json={"prompt": "two copies", "max_tokens": 4, "n": 2}, timeout=60, trust_env=False
+    )
     assert r.status_code == 400 and "holds at most 1 (--max-num-seqs + --max-waiting)" in r.text, r.text
     assert "retry-after" not in r.headers
     long = {"inputs": "a long one", "parameters": {"max_new_tokens": 1000, "ignore_eos": True, "speculative": False}}
@@ -241,8 +270,10 @@ def test_a_request_no_replica_takes_ends_at_its_deadline_and_the_router_counts_n
     url = cluster["small"]
     # uncached, each step recomputes the whole sequence: seconds on the replica (400 tokens took 0.7 s on a
     # fast core, 900 about 3 s), past any probe's deadline
-    long = {"inputs": "a long one", "parameters": {"max_new_tokens": 900, "ignore_eos": True, "speculative": False,
-                                                   "use_cache": False}}
+    long = {
+        "inputs": "a long one",
+        "parameters": {"max_new_tokens": 900, "ignore_eos": True, "speculative": False, "use_cache": False},
+    }
     stop = threading.Event()
 
     def keep_busy() -> None:
@@ -258,8 +289,12 @@ def test_a_request_no_replica_takes_ends_at_its_deadline_and_the_router_counts_n
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and "queued past its deadline" not in statuses:
-            r = httpx.post(url + "/generate", json={"inputs": "queued", "parameters": {
-                "max_new_tokens": 1, "timeout": 1.0}}, timeout=30, trust_env=False)
+            r = httpx.post(
+                url + "/generate",
+                json={"inputs": "queued", "parameters": {"max_new_tokens": 1, "timeout": 1.0}},
+                timeout=30,
+                trust_env=False,
+            )
             assert r.status_code in (200, 429, 504), r.text
             if r.status_code == 504:  # queued until its deadline, or taken just before it and cut short
                 assert r.json()["error_type"] == "timeout", r.text
@@ -270,9 +305,11 @@ def test_a_request_no_replica_takes_ends_at_its_deadline_and_the_router_counts_n
     assert "queued past its deadline" in statuses, f"none timed out in Serve's queue: {Counter(statuses)}"
     in_flight = "kvserve:router_requests_in_flight{"
     for _ in range(100):  # the last stream's end reaches the router a moment after the client
-        counts = [float(line.rsplit(" ", 1)[1]) for line in
-                  httpx.get(url + "/metrics", timeout=10, trust_env=False).text.splitlines()
-                  if line.startswith(in_flight)]
+        counts = [
+            float(line.rsplit(" ", 1)[1])
+            for line in httpx.get(url + "/metrics", timeout=10, trust_env=False).text.splitlines()
+            if line.startswith(in_flight)
+        ]
         if counts and not any(counts):
             break
         time.sleep(0.1)
@@ -284,13 +321,19 @@ def test_a_client_that_leaves_as_its_request_is_taken_leaves_the_feed_it_opened_
     leaving request's children: the client leaves at its first event, while the feed is still being
     attached, and the next request there rides that feed; a stream on it runs to its end."""
     from server.cluster.replica import FEED_IDLE_S
+
     url = cluster["kv"]
     tenant = "NURSE: " + "the tale of the day " * 6  # full blocks: the second request goes where the first went
     params = {"max_new_tokens": 300, "ignore_eos": True, "speculative": False}
     time.sleep(FEED_IDLE_S + 1.5)  # the earlier tests' feeds have ended: the first request below opens one
     before = requests_by_stream(url)
-    with httpx.stream("POST", url + "/generate_stream", json={"inputs": tenant + " A", "parameters": params},
-                      timeout=120, trust_env=False) as first:
+    with httpx.stream(
+        "POST",
+        url + "/generate_stream",
+        json={"inputs": tenant + " A", "parameters": params},
+        timeout=120,
+        trust_env=False,
+    ) as first:
         next(line for line in first.iter_lines() if line.startswith("data:"))
         first.close()  # the client leaves
     time.sleep(1.0)  # the feed attaches (it would end after FEED_IDLE_S with no request on it)
@@ -306,14 +349,17 @@ def test_a_killed_replica_ends_its_streams_with_an_error_new_requests_succeed_an
         time.sleep(0.5)
     assert len(pids) == 2, pids
     victim = sorted(pids.values())[0]
-    body = {"inputs": "KING: a long tale", "parameters": {"max_new_tokens": 900, "ignore_eos": True,
-                                                            "speculative": False}}  # still running at the kill
+    body = {
+        "inputs": "KING: a long tale",
+        "parameters": {"max_new_tokens": 900, "ignore_eos": True, "speculative": False},
+    }  # still running at the kill
     started, finals = threading.Semaphore(0), []
 
     def run(prompt: str) -> None:
         last = None
-        with httpx.stream("POST", cluster + "/generate_stream", json=body | {"inputs": prompt}, timeout=120,
-                          trust_env=False) as r:
+        with httpx.stream(
+            "POST", cluster + "/generate_stream", json=body | {"inputs": prompt}, timeout=120, trust_env=False
+        ) as r:
             for line in r.iter_lines():
                 if line.startswith("data:"):
                     if last is None:

@@ -2,6 +2,7 @@
 transport: its generators are driven here as Serve drives them), and the ingress's bookkeeping over
 streams this test writes, in the orders Ray may deliver them (a feed's events before the call's
 `Taken`, a feed ending first, an attempt given up). The whole path runs in test_cluster.py."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,8 +31,9 @@ def replica(tiny_model, tiny_tokenizer):
 
 
 def _sub(rid: str, ingress: str | None, tokens: int = 6) -> Submission:
-    return Submission([rid], PROMPT, [SamplingParams(max_new_tokens=tokens, temperature=0)], True, None,
-                      ingress_id=ingress)
+    return Submission(
+        [rid], PROMPT, [SamplingParams(max_new_tokens=tokens, temperature=0)], True, None, ingress_id=ingress
+    )
 
 
 async def _drain(stream, into: list) -> None:
@@ -51,8 +53,14 @@ def test_a_replica_sends_requests_taken_while_its_feed_is_attached_on_the_feed_a
         reader = asyncio.create_task(_drain(feed, on_feed))
         on_call_a, on_call_a2, on_call_b = [], [], []
         with replica.engine.paused():  # taken together: they share every step
-            calls = [asyncio.create_task(_drain(replica.generate(sub), into)) for sub, into in
-                     ((_sub("a", "ing"), on_call_a), (_sub("a2", "ing"), on_call_a2), (_sub("b", "other"), on_call_b))]
+            calls = [
+                asyncio.create_task(_drain(replica.generate(sub), into))
+                for sub, into in (
+                    (_sub("a", "ing"), on_call_a),
+                    (_sub("a2", "ing"), on_call_a2),
+                    (_sub("b", "other"), on_call_b),
+                )
+            ]
             await asyncio.sleep(0.05)
         await asyncio.gather(*calls)
         await asyncio.sleep(0.05)
@@ -73,6 +81,7 @@ def test_a_replica_sends_requests_taken_while_its_feed_is_attached_on_the_feed_a
 def test_a_feed_that_ends_before_its_requests_fails_their_calls_and_the_engine_aborts_them(replica):
     """Replaced by a newer feed of its ingress, or cancelled: either way nothing reads it, so the requests
     on it are aborted and their calls fail (the ingress ends them with an error)."""
+
     async def scenario(end_it) -> list:
         feed = replica.feed(FeedRequest("ing", "r0", "f1"))
         await feed.__anext__()
@@ -111,6 +120,7 @@ def test_a_replica_refuses_a_feed_for_another_and_closes_one_its_ingress_names_a
     """Serve sends a feed whose replica is gone to any other, which refuses it; a call naming its
     ingress's feed among the broken ones (the ingress lost it, the replica had not noticed) closes it here
     and carries its own events."""
+
     async def scenario():
         with pytest.raises(ValueError, match="reached r0"):
             await replica.feed(FeedRequest("ing", "r7", "f0")).__anext__()
@@ -259,6 +269,7 @@ async def _retried_after_its_feed_broke(checkpoint, got: list):
     its broken feed, the retry's call)."""
     from server.cluster.client import RayEngineClient
     from server.engine import EngineArgs
+
     handles = _Handles()
     client = RayEngineClient(handles, EngineArgs(checkpoint=checkpoint), lambda: None, asyncio.get_running_loop())
     params = SamplingParams(max_new_tokens=2, temperature=0)
@@ -290,6 +301,7 @@ def test_a_call_whose_feed_broke_before_its_first_event_is_sent_again_naming_the
     """The replica took the call onto its feed, and the feed broke before any of its events came: the call
     is sent again with request ids of its own and names the broken feed (a replica still holding it closes
     it); the second attempt's events reach the request under its own id."""
+
     async def scenario():
         got = []
         client, feed, again = await _retried_after_its_feed_broke(tiny_checkpoint, got)

@@ -1,10 +1,11 @@
 """The cluster's router as plain Python: block keys from the engine's hash chain, the three policies."""
+
 from __future__ import annotations
 
 import pytest
 
 from model.sampling import SamplingParams
-from server.cluster.router import Router, ReplicaReport, report_from
+from server.cluster.router import ReplicaReport, Router, report_from
 from server.engine.block_manager import BlockManager
 from server.engine.request import Request
 
@@ -248,9 +249,18 @@ def test_an_unknown_policy_is_refused():
 
 def test_the_routing_simulator_finds_kv_routing_hits_more_than_round_robin_and_the_oracle_no_less_than_kv():
     from bench.routing_sim import CostModel, make_trace, simulate
+
     trace = make_trace(num_requests=60, rate=40.0, tenants=8, zipf_s=1.0, output_tokens=4, seed=1)
-    run = dict(cost=CostModel(1e-3, 3e-4, 1e-4), num_blocks=128, block_size=16, max_num_seqs=16, max_batched=128,
-               report_interval=0.5, imbalance_threshold=8, seed=1)
+    run = dict(
+        cost=CostModel(1e-3, 3e-4, 1e-4),
+        num_blocks=128,
+        block_size=16,
+        max_num_seqs=16,
+        max_batched=128,
+        report_interval=0.5,
+        imbalance_threshold=8,
+        seed=1,
+    )
     hit = {p: simulate(trace, p, 3, **run).hit_rate for p in ("kv", "oracle", "round-robin")}
     assert hit["kv"] > hit["round-robin"] + 0.1, hit
     assert hit["oracle"] >= hit["kv"] - 0.05, hit
@@ -261,11 +271,25 @@ def test_the_routing_benchmark_reports_the_ttft_of_hits_and_of_misses_apart():
 
     def request(ttft_s: float, cached: int | None, ok: bool = True) -> dict:
         return {"ok": ok, "ttft_s": ttft_s, "cached_tokens": cached}
+
     stats = {"p50": 0.02, "p99": 0.05, "mean": 0.03, "p90": 0.04}
-    run = {"label": "c=4 prefix", "requests_ok": 5, "requests_failed": 1, "prefix_cache_hit_rate": 0.5,
-           "output_tokens_per_s": 100.0, "ttft_s": stats, "itl_s": stats,
-           "requests": [request(0.010, 256), request(0.030, 16), request(0.060, 0), request(0.080, 0),
-                        request(0.070, 0), request(0.001, 256, ok=False)]}
+    run = {
+        "label": "c=4 prefix",
+        "requests_ok": 5,
+        "requests_failed": 1,
+        "prefix_cache_hit_rate": 0.5,
+        "output_tokens_per_s": 100.0,
+        "ttft_s": stats,
+        "itl_s": stats,
+        "requests": [
+            request(0.010, 256),
+            request(0.030, 16),
+            request(0.060, 0),
+            request(0.080, 0),
+            request(0.070, 0),
+            request(0.001, 256, ok=False),
+        ],
+    }
     summary = _summary(run)
     assert summary["requests_hitting"] == 2 / 5
     assert (summary["ttft_hit_p50_ms"], summary["ttft_miss_p50_ms"]) == (20.0, 70.0)
@@ -339,6 +363,7 @@ def test_the_ray_adapter_sends_a_feed_to_its_replica_under_every_policy_and_pow2
         async def choose():
             pending = PendingRequest(args=[arg], kwargs={}, metadata=RequestMetadata("r", f"internal-{id(arg)}"))
             return await adapter.choose_replicas(replicas, pending)
+
         return [[r.replica_id.unique_id for r in rank] for rank in asyncio.run(choose())]
 
     for policy in POLICIES:
@@ -370,6 +395,7 @@ def test_ended_calls_are_forgotten_after_their_ttl_even_where_no_routing_prunes_
 def test_a_replicas_step_histograms_cross_in_its_report_and_sum_over_replicas():
     from server.engine.step_budget import StepWork
     from server.engine.step_stats import StepStats, merged
+
     snapshots = []
     for steps in ([(StepWork(3, 30, 0), 0.002)], [(StepWork(1, 10, 16), 0.004), (StepWork(2, 20, 0), 0.0007)]):
         stats = StepStats()

@@ -1,4 +1,5 @@
 """docker-compose.yml and the Dockerfile, checked as data (no Docker engine runs here)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,7 +28,11 @@ def test_cpu_service_serves_port_8000_with_a_healthcheck_and_the_mounted_checkpo
     mounts = {v.split(":")[1]: v.split(":")[0] for v in cpu["volumes"]}
     command = cpu["command"]
     assert option(command, "--checkpoint").startswith("/checkpoints/") and mounts["/checkpoints"] == "./checkpoints"
-    assert (option(command, "--host"), option(command, "--port"), option(command, "--device")) == ("0.0.0.0", "8000", "cpu")
+    assert (option(command, "--host"), option(command, "--port"), option(command, "--device")) == (
+        "0.0.0.0",
+        "8000",
+        "cpu",
+    )
 
 
 def test_gpu_variant_reserves_an_nvidia_device(services):

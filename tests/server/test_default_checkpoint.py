@@ -1,4 +1,5 @@
 """The trained checkpoint served end to end: the text a client reads is the reference `generate`'s."""
+
 from __future__ import annotations
 
 import httpx
@@ -20,8 +21,10 @@ def default_live(default_checkpoint):
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_served_greedy_text_is_the_reference_generate(default_live, default_model, default_tokenizer, prompt):
-    expected = "".join(s.text for s in generate(default_model, default_tokenizer, prompt,
-                                                SamplingParams(max_new_tokens=40, temperature=0)))
+    expected = "".join(
+        s.text
+        for s in generate(default_model, default_tokenizer, prompt, SamplingParams(max_new_tokens=40, temperature=0))
+    )
     body = {"inputs": prompt, "parameters": {"max_new_tokens": 40}}
     for use_cache in (True, False):
         body["parameters"]["use_cache"] = use_cache

@@ -1,5 +1,6 @@
 """The n-gram drafter alone: its index finds what a brute-force search finds, and its drafts follow
 their measured worth (no draft where lookups do not come true, full drafts where they do)."""
+
 from __future__ import annotations
 
 import random
@@ -7,9 +8,9 @@ import random
 import pytest
 
 from model.sampling import SamplingParams
-from server.engine.request import Request
 from server.engine.ngram_history import NgramHistory
-from server.engine.speculative import DraftState, Drafter, accepted_length, break_even_rate, draft_length
+from server.engine.request import Request
+from server.engine.speculative import Drafter, DraftState, accepted_length, break_even_rate, draft_length
 
 
 def latest_earlier_match(tokens: list[int], min_n: int, max_n: int) -> int | None:
@@ -19,7 +20,7 @@ def latest_earlier_match(tokens: list[int], min_n: int, max_n: int) -> int | Non
             continue
         suffix = tokens[-n:]
         for end in range(len(tokens) - 2, n - 2, -1):
-            if tokens[end - n + 1:end + 1] == suffix:
+            if tokens[end - n + 1 : end + 1] == suffix:
                 return end
     return None
 
@@ -51,12 +52,12 @@ def run(drafter: Drafter, req: Request, text: list[int]) -> list[list[int]]:
     while at < len(text):
         req.num_computed = req.num_tokens - 1
         drafter.draft_all([req])
-        draft = req.draft[:len(text) - at - 1]
+        draft = req.draft[: len(text) - at - 1]
         drafts.append(draft)
         accepted = accepted_length(draft, text[at:])
         if draft:
             drafter.record(req, len(draft), accepted)
-        req.token_ids += text[at:at + accepted + 1]
+        req.token_ids += text[at : at + accepted + 1]
         req.stats.accepted_draft_tokens += accepted
         at += accepted + 1
     return drafts

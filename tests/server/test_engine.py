@@ -1,5 +1,6 @@
 """The engine without HTTP: continuous batching over one flattened forward per step, batch-independent
 output, chunked prompts under the token budget, cancellation, limits, faults and shutdown."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,7 +34,7 @@ class RequestStream:
     def __init__(self, events: asyncio.Queue) -> None:
         self._events, self.done = events, False
 
-    def __aiter__(self) -> "RequestStream":
+    def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> TokenOutput:
@@ -52,8 +53,16 @@ def stream(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> Req
 
 
 def prompts(tokenizer, n):
-    words = ["To be", "or not", "the question", "世界你好", "Emoji 🤖", "naïve café", "slings and arrows",
-             "Whether 'tis nobler in the mind to suffer the slings"]
+    words = [
+        "To be",
+        "or not",
+        "the question",
+        "世界你好",
+        "Emoji 🤖",
+        "naïve café",
+        "slings and arrows",
+        "Whether 'tis nobler in the mind to suffer the slings",
+    ]
     return [tokenizer.encode(" ".join(words[(i + j) % len(words)] for j in range(1 + i % 4))) for i in range(n)]
 
 
@@ -95,8 +104,9 @@ def test_greedy_matches_reference_generate(engine, tiny_model, tiny_tokenizer):
 def test_greedy_alone_equals_greedy_among_31_others(engine, tiny_tokenizer):
     ps = prompts(tiny_tokenizer, 32)
     alone = [engine.generate(p, GREEDY, timeout=60, cache_salt="alone") for p in ps[:4]]
-    others = [(p, SamplingParams(max_new_tokens=5 + i % 9, temperature=0.9, seed=i), i % 3 != 0)
-              for i, p in enumerate(ps[4:])]  # sampled, cached and uncached, of different lengths
+    others = [
+        (p, SamplingParams(max_new_tokens=5 + i % 9, temperature=0.9, seed=i), i % 3 != 0) for i, p in enumerate(ps[4:])
+    ]  # sampled, cached and uncached, of different lengths
     together = run_together(engine, [(p, GREEDY, True) for p in ps[:4]] + others)
     for i, outs in enumerate(together[:4]):
         assert token_ids(outs) == token_ids(alone[i]), f"request {i} changed when batched with 31 others"
@@ -133,8 +143,9 @@ def test_seeded_sampling_is_reproducible_in_any_batch(engine, tiny_tokenizer):
 
 
 def test_streamed_texts_concatenate_to_the_decoded_tokens(engine, tiny_tokenizer):
-    outs = engine.generate(tiny_tokenizer.encode("世界你好 🤖"), SamplingParams(max_new_tokens=30, temperature=0),
-                           timeout=60)
+    outs = engine.generate(
+        tiny_tokenizer.encode("世界你好 🤖"), SamplingParams(max_new_tokens=30, temperature=0), timeout=60
+    )
     text = "".join(o.text for o in outs)
     ids = [i for i in token_ids(outs) if i not in tiny_tokenizer.special_ids]
     assert text == tiny_tokenizer.decode(ids)
@@ -143,8 +154,9 @@ def test_streamed_texts_concatenate_to_the_decoded_tokens(engine, tiny_tokenizer
 
 def test_stop_string_ends_the_request_and_is_not_emitted(engine, tiny_tokenizer):
     p = tiny_tokenizer.encode("To be")
-    free_text = "".join(o.text for o in engine.generate(p, SamplingParams(max_new_tokens=30, temperature=0),
-                                                        timeout=60))
+    free_text = "".join(
+        o.text for o in engine.generate(p, SamplingParams(max_new_tokens=30, temperature=0), timeout=60)
+    )
     stop = free_text[3:5]
     assert stop.strip(), "need a visible stop string from the free run"
     outs = engine.generate(p, SamplingParams(max_new_tokens=30, temperature=0, stop=(stop,)), timeout=60)
@@ -230,9 +242,14 @@ def test_a_failing_request_fails_alone(engine, tiny_tokenizer, monkeypatch):
     assert engine.num_running == 0 and engine.kv_cache_usage == 0
 
 
-@pytest.mark.parametrize("params", [SamplingParams(max_new_tokens=8, temperature=1.0, seed=99),
-                                    SamplingParams(max_new_tokens=12, temperature=0, frequency_penalty=1.5)],
-                         ids=["seeded", "penalized"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=8, temperature=1.0, seed=99),
+        SamplingParams(max_new_tokens=12, temperature=0, frequency_penalty=1.5),
+    ],
+    ids=["seeded", "penalized"],
+)
 def test_a_batch_rerun_one_by_one_samples_what_the_batch_would_have(engine, tiny_tokenizer, monkeypatch, params):
     """After a failed batched step, each request is run alone; a seeded request's output must not change
     (with per-request random generators, the rerun would draw again from advanced ones), nor a penalized
@@ -284,8 +301,9 @@ def test_the_event_loop_gets_one_wakeup_per_step_for_all_its_streams(engine, tin
 def test_decode_rows_keep_going_while_a_long_prompt_is_read_in_chunks(tiny_model, tiny_tokenizer):
     eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=2, max_num_batched_tokens=21, threads=1)
     short, long_ = [], []
-    eng.submit(tiny_tokenizer.encode("To be"), SamplingParams(max_new_tokens=50, temperature=0, ignore_eos=True),
-               short.append)
+    eng.submit(
+        tiny_tokenizer.encode("To be"), SamplingParams(max_new_tokens=50, temperature=0, ignore_eos=True), short.append
+    )
     eng.step()
     prompt = (tiny_tokenizer.encode("Whether 'tis nobler in the mind to suffer ") * 8)[:60]
     eng.submit(prompt, SamplingParams(max_new_tokens=3, temperature=0), long_.append)
@@ -301,8 +319,11 @@ def test_decode_rows_keep_going_while_a_long_prompt_is_read_in_chunks(tiny_model
 def test_prompts_progress_even_when_decode_rows_take_the_whole_budget(tiny_model, tiny_tokenizer):
     eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=4, max_num_batched_tokens=2, threads=1)
     for _ in range(3):
-        eng.submit(tiny_tokenizer.encode("To be"), SamplingParams(max_new_tokens=60, temperature=0, ignore_eos=True),
-                   lambda o: None)
+        eng.submit(
+            tiny_tokenizer.encode("To be"),
+            SamplingParams(max_new_tokens=60, temperature=0, ignore_eos=True),
+            lambda o: None,
+        )
     while eng.num_waiting:
         eng.step()
     late = []
@@ -351,8 +372,9 @@ def _engine_held_mid_step(tiny_model, tiny_tokenizer, monkeypatch):
 
     monkeypatch.setattr(eng.runner, "run", slow_execute)
     events = queue.Queue()
-    eng.submit(tiny_tokenizer.encode("To be"), SamplingParams(max_new_tokens=50, temperature=0, ignore_eos=True),
-               events.put)
+    eng.submit(
+        tiny_tokenizer.encode("To be"), SamplingParams(max_new_tokens=50, temperature=0, ignore_eos=True), events.put
+    )
     assert in_step.wait(30)
     return eng, events, release
 
@@ -377,8 +399,9 @@ def test_shutdown_never_frees_state_under_a_running_step(tiny_model, tiny_tokeni
     assert eng.blocks.num_free_blocks == 16 and eng.num_running == 0
 
 
-def test_a_between_steps_call_cancelled_by_its_caller_does_not_stop_the_shutdown(tiny_model, tiny_tokenizer,
-                                                                                  monkeypatch):
+def test_a_between_steps_call_cancelled_by_its_caller_does_not_stop_the_shutdown(
+    tiny_model, tiny_tokenizer, monkeypatch
+):
     """GET /kv's call, cancelled when its client leaves, while a shutdown waits for the step it is behind: the
     engine still ends its requests with a shutdown event, fails the calls still waiting, and frees every block."""
     eng, events, release = _engine_held_mid_step(tiny_model, tiny_tokenizer, monkeypatch)

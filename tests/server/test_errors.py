@@ -1,5 +1,6 @@
 """Refusals and failures: 4xx with clear messages, 429 on overload, 503 while loading, disconnects and
 engine errors that free their slot and leave the server serving."""
+
 from __future__ import annotations
 
 import threading
@@ -18,27 +19,41 @@ BAD_GENERATE = [
     ({"parameters": {}}, "inputs: Field required"),
     ({"inputs": ""}, "inputs: String should have at least 1 character"),
     ({"inputs": 5}, "inputs: Input should be a valid string"),
-    ({"inputs": "x", "parameters": {"max_new_tokens": "many"}},
-     "parameters.max_new_tokens: Input should be a valid integer"),
-    ({"inputs": "x", "parameters": {"max_new_tokens": 0}},
-     "parameters.max_new_tokens: Input should be greater than or equal to 1"),
+    (
+        {"inputs": "x", "parameters": {"max_new_tokens": "many"}},
+        "parameters.max_new_tokens: Input should be a valid integer",
+    ),
+    (
+        {"inputs": "x", "parameters": {"max_new_tokens": 0}},
+        "parameters.max_new_tokens: Input should be greater than or equal to 1",
+    ),
     ({"inputs": "x", "parameters": {"max_new_tokens": 200}}, "max_new_tokens (200) exceeds the context of 128 tokens"),
     ({"inputs": "x", "parameters": {"temperature": 0}}, "parameters.temperature: Input should be greater than 0"),
     ({"inputs": "x", "parameters": {"top_p": 1.5}}, "parameters.top_p: Input should be less than or equal to 1"),
     ({"inputs": "x", "parameters": {"top_k": 0}}, "parameters.top_k: Input should be greater than 0"),
-    ({"inputs": "x", "parameters": {"repetition_penalty": -1}},
-     "parameters.repetition_penalty: Input should be greater than 0"),
+    (
+        {"inputs": "x", "parameters": {"repetition_penalty": -1}},
+        "parameters.repetition_penalty: Input should be greater than 0",
+    ),
     ({"inputs": "x", "parameters": {"seed": -1}}, "parameters.seed: Input should be greater than or equal to 0"),
-    ({"inputs": "x", "parameters": {"stop": ["a", "b", "c", "d", "e"]}},
-     "parameters.stop: 5 stop sequences; this server takes at most 4 (--max-stop-sequences)"),
+    (
+        {"inputs": "x", "parameters": {"stop": ["a", "b", "c", "d", "e"]}},
+        "parameters.stop: 5 stop sequences; this server takes at most 4 (--max-stop-sequences)",
+    ),
     ({"inputs": "x", "parameters": {"stop": [""]}}, "parameters.stop.0: String should have at least 1 character"),
     ({"inputs": "x", "parameters": {"best_of": 2}}, "parameters.best_of > 1 needs sampling"),
-    ({"inputs": "x", "parameters": {"best_of": 17, "do_sample": True}},
-     "parameters.best_of (17) is above this server's limit of 16 (--max-best-of)"),
-    ({"inputs": "x", "parameters": {"top_n_tokens": 21}},
-     "parameters.top_n_tokens (21) is above this server's limit of 20 (--max-logprobs)"),
-    ({"inputs": "x", "parameters": {"use_cache": "sometimes"}},
-     "parameters.use_cache: Input should be a valid boolean"),
+    (
+        {"inputs": "x", "parameters": {"best_of": 17, "do_sample": True}},
+        "parameters.best_of (17) is above this server's limit of 16 (--max-best-of)",
+    ),
+    (
+        {"inputs": "x", "parameters": {"top_n_tokens": 21}},
+        "parameters.top_n_tokens (21) is above this server's limit of 20 (--max-logprobs)",
+    ),
+    (
+        {"inputs": "x", "parameters": {"use_cache": "sometimes"}},
+        "parameters.use_cache: Input should be a valid boolean",
+    ),
 ]
 
 
@@ -55,39 +70,67 @@ def test_a_long_prompt_is_refused_with_its_length_and_the_context(live):
 
 
 def test_invalid_json_and_nan_are_422(live):
-    for raw, message in ((b'{"inputs": ', "not valid JSON"), (b'{"inputs": "x", "parameters": {"temperature": NaN}}',
-                                                              "parameters.temperature: Input should be a finite number")):
+    for raw, message in (
+        (b'{"inputs": ', "not valid JSON"),
+        (
+            b'{"inputs": "x", "parameters": {"temperature": NaN}}',
+            "parameters.temperature: Input should be a finite number",
+        ),
+    ):
         r = httpx.post(live.url + "/generate", content=raw, headers={"content-type": "application/json"})
         assert r.status_code == 422 and r.json()["error_type"] == "validation", r.text
         assert message in r.json()["error"], r.text
 
 
-@pytest.mark.parametrize("body,status,code,message", [
-    ({"model": "gpt-4", "prompt": "x"}, 404, "model_not_found", "model 'gpt-4' does not exist"),
-    ({"prompt": "x", "n": 17}, 400, "validation", "n (17) is above this server's limit of 16 (--max-n)"),
-    ({"prompt": "x", "logprobs": 21}, 400, "validation",
-     "logprobs (21) is above this server's limit of 20 (--max-logprobs)"),
-    ({"prompt": "x", "best_of": 1, "n": 2}, 400, "validation", "best_of (1) must be at least n (2)"),
-    ({"prompt": "x", "best_of": 3, "stream": True}, 400, "validation", "best_of > n cannot be streamed"),
-    ({"prompt": "x", "logit_bias": {"abc": 1}}, 400, "validation", "logit_bias: 'abc' is not a token id"),
-    ({"prompt": "x", "logit_bias": {"99999": 1}}, 400, "validation", "logit_bias: '99999' is not a token id"),
-    ({"prompt": "x", "logit_bias": {"\u00b2": 1}}, 400, "validation", "logit_bias: '\u00b2' is not a token id"),
-    ({"prompt": "x", "logit_bias": {"--5": 1}}, 400, "validation", "logit_bias: '--5' is not a token id"),
-    ({"prompt": "x", "logit_bias": {"9" * 5000: 1}}, 400, "validation", "is not a token id"),
-    ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "validation",
-     "stream_options is only allowed with stream: true"),
-    ({"prompt": "x", "logit_bias": {"3": 101}}, 400, "validation", "Input should be less than or equal to 100"),
-    ({"prompt": []}, 400, "validation", "prompt"),
-    ({"prompt": [1, 2, 99999]}, 400, "validation", "token ids out of range"),
-    ({"prompt": "x", "max_tokens": 0}, 400, "validation", "max_tokens 0 needs echo: true"),
-    ({"model": "tiny", "prompt": "x", "max_tokens": 500}, 400, "context_length_exceeded",
-     "max_tokens (500) exceeds the context of 128"),
-    ({"model": "tiny", "prompt": "x", "temperature": 3}, 400, "validation",
-     "temperature: Input should be less than or equal to 2"),
-    ({"model": "tiny", "prompt": "x", "presence_penalty": 2.5}, 400, "validation",
-     "presence_penalty: Input should be less than"),
-    ({"model": "tiny", "prompt": "x", "suffix": "y"}, 400, "validation", "suffix='y' is not supported"),
-])
+@pytest.mark.parametrize(
+    "body,status,code,message",
+    [
+        ({"model": "gpt-4", "prompt": "x"}, 404, "model_not_found", "model 'gpt-4' does not exist"),
+        ({"prompt": "x", "n": 17}, 400, "validation", "n (17) is above this server's limit of 16 (--max-n)"),
+        (
+            {"prompt": "x", "logprobs": 21},
+            400,
+            "validation",
+            "logprobs (21) is above this server's limit of 20 (--max-logprobs)",
+        ),
+        ({"prompt": "x", "best_of": 1, "n": 2}, 400, "validation", "best_of (1) must be at least n (2)"),
+        ({"prompt": "x", "best_of": 3, "stream": True}, 400, "validation", "best_of > n cannot be streamed"),
+        ({"prompt": "x", "logit_bias": {"abc": 1}}, 400, "validation", "logit_bias: 'abc' is not a token id"),
+        ({"prompt": "x", "logit_bias": {"99999": 1}}, 400, "validation", "logit_bias: '99999' is not a token id"),
+        ({"prompt": "x", "logit_bias": {"\u00b2": 1}}, 400, "validation", "logit_bias: '\u00b2' is not a token id"),
+        ({"prompt": "x", "logit_bias": {"--5": 1}}, 400, "validation", "logit_bias: '--5' is not a token id"),
+        ({"prompt": "x", "logit_bias": {"9" * 5000: 1}}, 400, "validation", "is not a token id"),
+        (
+            {"prompt": "x", "stream_options": {"include_usage": True}},
+            400,
+            "validation",
+            "stream_options is only allowed with stream: true",
+        ),
+        ({"prompt": "x", "logit_bias": {"3": 101}}, 400, "validation", "Input should be less than or equal to 100"),
+        ({"prompt": []}, 400, "validation", "prompt"),
+        ({"prompt": [1, 2, 99999]}, 400, "validation", "token ids out of range"),
+        ({"prompt": "x", "max_tokens": 0}, 400, "validation", "max_tokens 0 needs echo: true"),
+        (
+            {"model": "tiny", "prompt": "x", "max_tokens": 500},
+            400,
+            "context_length_exceeded",
+            "max_tokens (500) exceeds the context of 128",
+        ),
+        (
+            {"model": "tiny", "prompt": "x", "temperature": 3},
+            400,
+            "validation",
+            "temperature: Input should be less than or equal to 2",
+        ),
+        (
+            {"model": "tiny", "prompt": "x", "presence_penalty": 2.5},
+            400,
+            "validation",
+            "presence_penalty: Input should be less than",
+        ),
+        ({"model": "tiny", "prompt": "x", "suffix": "y"}, 400, "validation", "suffix='y' is not supported"),
+    ],
+)
 def test_bad_completion_input_gets_its_4xx_in_openais_shape(live, body, status, code, message):
     """OpenAI's status (400 where TGI's routes answer 422), `type` and `code`, which its clients branch on."""
     r = httpx.post(live.url + "/v1/completions", json=body, timeout=30)
@@ -97,34 +140,44 @@ def test_bad_completion_input_gets_its_4xx_in_openais_shape(live, body, status, 
 
 
 def test_chat_top_logprobs_without_logprobs_is_400(live):
-    r = httpx.post(live.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
-                                                            "top_logprobs": 3}, timeout=30)
+    r = httpx.post(
+        live.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3},
+        timeout=30,
+    )
     assert r.status_code == 400 and "top_logprobs needs logprobs: true" in r.json()["error"]["message"], r.text
 
 
 def test_tgi_decoder_input_details_cannot_be_streamed(live):
-    r = httpx.post(live.url + "/generate_stream", json={"inputs": "x", "parameters": {
-        "decoder_input_details": True}}, timeout=30)
+    r = httpx.post(
+        live.url + "/generate_stream", json={"inputs": "x", "parameters": {"decoder_input_details": True}}, timeout=30
+    )
     assert r.status_code == 422 and "decoder_input_details cannot be streamed" in r.json()["error"], r.text
 
 
 def test_a_prompt_error_that_is_not_about_length_counts_as_validation(live):
-    before = (live.metric("kvserve:request_rejected_total", reason="validation"),
-              live.metric("kvserve:request_rejected_total", reason="context_length"))
+    before = (
+        live.metric("kvserve:request_rejected_total", reason="validation"),
+        live.metric("kvserve:request_rejected_total", reason="context_length"),
+    )
     r = httpx.post(live.url + "/v1/completions", json={"prompt": [1, 99999], "max_tokens": 2}, timeout=30)
     assert r.status_code == 400 and "out of range" in r.json()["error"]["message"]
-    assert (live.metric("kvserve:request_rejected_total", reason="validation"),
-            live.metric("kvserve:request_rejected_total", reason="context_length")) == (before[0] + 1, before[1])
+    assert (
+        live.metric("kvserve:request_rejected_total", reason="validation"),
+        live.metric("kvserve:request_rejected_total", reason="context_length"),
+    ) == (before[0] + 1, before[1])
 
 
 def test_a_request_larger_than_the_queue_is_422_not_a_429_no_retry_could_clear(small_live):
     """2 places in all (1 running, 1 waiting): 3 copies of one prompt can never be taken."""
-    r = httpx.post(small_live.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1, "n": 3,
-                                                             "temperature": 1}, timeout=30)
+    r = httpx.post(
+        small_live.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1, "n": 3, "temperature": 1}, timeout=30
+    )
     assert r.status_code == 400 and "holds at most 2 (--max-num-seqs + --max-waiting)" in r.json()["error"]["message"]
     assert "retry-after" not in r.headers
-    ok = httpx.post(small_live.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1, "n": 2,
-                                                              "temperature": 1}, timeout=60)
+    ok = httpx.post(
+        small_live.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1, "n": 2, "temperature": 1}, timeout=60
+    )
     assert ok.status_code == 200, ok.text
 
 
@@ -138,8 +191,12 @@ def test_queue_overflow_is_refused_at_once_with_429(small_live):
     body = {"inputs": "To be", "parameters": {"max_new_tokens": 3}}
     rejected = small_live.metric("kvserve:request_rejected_total", reason="queue_full")
     with engine.paused():  # no step runs: requests pile up until the 1 slot + 1 waiting place are taken
-        pending = [threading.Thread(target=httpx.post, args=(small_live.url + "/generate",), kwargs={
-            "json": body, "timeout": 60}) for _ in range(2)]
+        pending = [
+            threading.Thread(
+                target=httpx.post, args=(small_live.url + "/generate",), kwargs={"json": body, "timeout": 60}
+            )
+            for _ in range(2)
+        ]
         for t in pending:
             t.start()
         wait_for(lambda: engine.num_waiting == 2, "two queued requests")

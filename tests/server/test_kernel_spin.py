@@ -1,4 +1,5 @@
 """The kernels' idle spin, set step by step from the recent step times (synthetic times, then one engine)."""
+
 from __future__ import annotations
 
 import pytest

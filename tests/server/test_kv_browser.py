@@ -5,6 +5,7 @@ preemption happen in a few seconds. Screenshots: race.png and kv-map.png in $KVS
 
 Same needs as test_playground_browser.py (Debian's chromium, the playwright package); skipped without them.
 """
+
 from __future__ import annotations
 
 import httpx
@@ -27,8 +28,11 @@ MAP_PROMPT = "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?"
 def pool_live(default_checkpoint):
     """The default model, under its own name (the screenshots show it); a pool of 64 blocks (two full
     contexts), up to 16 requests at once."""
-    args = EngineArgs(checkpoint=default_checkpoint, device=TEST_DEVICE,
-                      config=EngineConfig(threads=1, num_blocks=64, max_num_seqs=16))
+    args = EngineArgs(
+        checkpoint=default_checkpoint,
+        device=TEST_DEVICE,
+        config=EngineConfig(threads=1, num_blocks=64, max_num_seqs=16),
+    )
     server = LiveServer(create_app(lambda: Engine.from_args(args), model_name=default_checkpoint.name)).start()
     yield server
     server.stop()
@@ -63,12 +67,13 @@ def sharing_moment(scheduler) -> bool:
 
 
 def lane_texts(page) -> dict[str, str]:
-    return {name: "".join(page.locator(f"#lane-{name} .lane-text .token").all_text_contents())
-            for name in ("cached", "uncached", "prefix")}
+    return {
+        name: "".join(page.locator(f"#lane-{name} .lane-text .token").all_text_contents())
+        for name in ("cached", "uncached", "prefix")
+    }
 
 
-def test_the_race_ends_with_identical_texts_and_a_point_per_token_in_every_lane(
-        open_tab, pool_live, artifacts):  # noqa: F811
+def test_the_race_ends_with_identical_texts_and_a_point_per_token_in_every_lane(open_tab, pool_live, artifacts):  # noqa: F811
     page = open_tab("race")
     page.fill("#race-prompt", RACE_PROMPT)
     page.fill("#race-tokens", str(RACE_TOKENS))
@@ -78,8 +83,11 @@ def test_the_race_ends_with_identical_texts_and_a_point_per_token_in_every_lane(
     page.screenshot(path=str(artifacts / "race.png"), full_page=True)
 
     texts = lane_texts(page)
-    api = httpx.post(pool_live.url + "/generate", timeout=120, json={
-        "inputs": RACE_PROMPT, "parameters": {"max_new_tokens": RACE_TOKENS, "ignore_eos": True}}).json()
+    api = httpx.post(
+        pool_live.url + "/generate",
+        timeout=120,
+        json={"inputs": RACE_PROMPT, "parameters": {"max_new_tokens": RACE_TOKENS, "ignore_eos": True}},
+    ).json()
     assert texts == dict.fromkeys(texts, api["generated_text"]), "a lane's text is not the API's greedy text"
     for lane in ("cached", "uncached", "prefix"):
         expect(page.locator(f"#lane-{lane} [data-figure=tokens]")).to_have_text(str(RACE_TOKENS))
@@ -105,8 +113,9 @@ def test_the_map_shows_held_blocks_during_a_request_and_cached_blocks_after(open
             assert view["held_blocks"] == len(request["blocks"]) > 0
             held = page.locator("#kv-map .cell.held")
             expect(held).to_have_count(view["held_blocks"])
-            assert sorted(int(b) for b in held.evaluate_all("cs => cs.map(c => c.dataset.block)")) == \
-                sorted(request["blocks"]), "the map colours other blocks than the request holds"
+            assert sorted(int(b) for b in held.evaluate_all("cs => cs.map(c => c.dataset.block)")) == sorted(
+                request["blocks"]
+            ), "the map colours other blocks than the request holds"
             expect(page.locator("#kv-requests li")).to_have_count(1)
             expect(page.locator("#kv-held")).to_have_text(str(view["held_blocks"]))
             gate.at = None
@@ -120,8 +129,7 @@ def test_the_map_shows_held_blocks_during_a_request_and_cached_blocks_after(open
     expect(page.locator("#kv-requests li")).to_have_count(0)
 
 
-def test_the_guided_demo_shows_sharing_hits_a_cancellation_eviction_and_preemption(
-        open_tab, pool_live, artifacts):  # noqa: F811
+def test_the_guided_demo_shows_sharing_hits_a_cancellation_eviction_and_preemption(open_tab, pool_live, artifacts):  # noqa: F811
     page = open_tab("kv")
     expect(page.locator("#kv-status")).to_have_text("live")
     with step_gate(pool_live.engine) as gate:
@@ -131,8 +139,10 @@ def test_the_guided_demo_shows_sharing_hits_a_cancellation_eviction_and_preempti
         expect(page.locator("#kv-map .cell.shared")).not_to_have_count(0)
         expect(page.locator("#kv-requests li")).to_have_count(4)
         bottom = page.locator("#kv-requests").bounding_box()
-        page.screenshot(path=str(artifacts / "kv-map.png"),
-                        clip={"x": 0, "y": 0, "width": 1280, "height": bottom["y"] + bottom["height"] + 16})
+        page.screenshot(
+            path=str(artifacts / "kv-map.png"),
+            clip={"x": 0, "y": 0, "width": 1280, "height": bottom["y"] + bottom["height"] + 16},
+        )
         gate.hold_when(None)
         expect(page.locator("#demo-status")).to_have_text("done")
     steps = page.locator("#demo-steps li").evaluate_all("items => items.map(i => ({...i.dataset}))")

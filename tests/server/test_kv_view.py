@@ -1,5 +1,6 @@
 """The KV view: `kv_snapshot` on a block pool; `GET /kv` against the block manager itself through a
 request's life and a cancellation; the stream of snapshots and its one loop; the API key."""
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,10 @@ def test_a_snapshot_shows_shared_blocks_hits_and_evictions():
     assert b.block_ids[:2] == shared
     assert [snap.ref_counts[x] for x in shared] == [2, 2] and [snap.hit_counts[x] for x in shared] == [1, 1]
     assert (snap.held_blocks, snap.cached_blocks, snap.free_blocks) == (4, 0, 2)
-    assert [(r.request_id, r.blocks, r.cached_tokens) for r in snap.requests] == [(a.request_id, a.block_ids, 0),
-                                                                                 (b.request_id, b.block_ids, 8)]
+    assert [(r.request_id, r.blocks, r.cached_tokens) for r in snap.requests] == [
+        (a.request_id, a.block_ids, 0),
+        (b.request_id, b.block_ids, 8),
+    ]
     assert (snap.prefix_cache_queries, snap.prefix_cache_hits) == (18, 8)
 
     sched.finish(a)
@@ -73,10 +76,18 @@ def expected_view(engine) -> dict:
     bm = engine.blocks
     held = sum(1 for refs in bm.ref_counts if refs > 0)
     cached = [b for b in bm.free if bm.block_hash[b] is not None]
-    return {"num_blocks": bm.num_blocks, "block_size": bm.block_size, "held_blocks": held,
-            "cached_blocks": len(cached), "free_blocks": bm.num_blocks - held - len(cached),
-            "ref_counts": list(bm.ref_counts), "cached_lru": cached, "hit_counts": list(bm.hit_counts),
-            "evictions": bm.evictions, "holdings": {r.request_id: list(r.block_ids) for r in engine.scheduler.running}}
+    return {
+        "num_blocks": bm.num_blocks,
+        "block_size": bm.block_size,
+        "held_blocks": held,
+        "cached_blocks": len(cached),
+        "free_blocks": bm.num_blocks - held - len(cached),
+        "ref_counts": list(bm.ref_counts),
+        "cached_lru": cached,
+        "hit_counts": list(bm.hit_counts),
+        "evictions": bm.evictions,
+        "holdings": {r.request_id: list(r.block_ids) for r in engine.scheduler.running},
+    }
 
 
 def check_view(client: httpx.Client, engine, when: str) -> dict:
@@ -111,15 +122,16 @@ def test_get_kv_matches_the_block_manager_through_a_request_and_a_cancellation(k
         wait_for(lambda: engine.num_running == 0, "the request to end")
         after = check_view(client, engine, "after the request")
         assert after["held_blocks"] == 0 and after["requests"] == []
-        assert after["cached_blocks"] == before["cached_blocks"] + (prompt_len + 20 - 1) // BLOCK, \
+        assert after["cached_blocks"] == before["cached_blocks"] + (prompt_len + 20 - 1) // BLOCK, (
             "every full block the request computed should be cached once it ended"
+        )
 
         gate.at = 4  # the same prompt again: its full prompt blocks are hits; then it is cancelled
         with client.stream("POST", "/generate_stream", json=body) as response:
             gate.wait_held("the 4th token of the second request")
             view = check_view(client, engine, "while the second request runs")
             (req,) = view["requests"]
-            hits = req["blocks"][:(prompt_len - 1) // BLOCK]
+            hits = req["blocks"][: (prompt_len - 1) // BLOCK]
             assert req["cached_tokens"] == len(hits) * BLOCK > 0
             assert all(view["hit_counts"][b] == after["hit_counts"][b] + 1 for b in hits)
         wait_for(lambda: engine.scheduler.num_pending_aborts == 1, "the server to see the client leave")

@@ -1,17 +1,31 @@
 """The load-test tool: metrics from synthetic timestamps (exact), and a short run against the real server."""
+
 from __future__ import annotations
 
 import pytest
 
 from loadtest.client import LoadTestConfig, RequestParams, run_labels
 from loadtest.prompts import BUILTIN_PASSAGE, build_prompts
-from loadtest.report import (RequestRecord, cache_ratio, distribution, itl_by_token_index, percentile,
-                                    render_tables, summarize)
+from loadtest.report import (
+    RequestRecord,
+    cache_ratio,
+    distribution,
+    itl_by_token_index,
+    percentile,
+    render_tables,
+    summarize,
+)
 
 
 def record(start, token_times, end, ok=True, error_type=None):
-    return RequestRecord(start=start, token_times=list(token_times), end=end, ok=ok, error_type=error_type,
-                         finish_reason="length" if ok else None)
+    return RequestRecord(
+        start=start,
+        token_times=list(token_times),
+        end=end,
+        ok=ok,
+        error_type=error_type,
+        finish_reason="length" if ok else None,
+    )
 
 
 def test_tpot_spreads_decode_time_over_tokens_after_the_first():
@@ -37,8 +51,13 @@ def test_percentiles_interpolate_between_closest_ranks():
     assert percentile(values, 90) == pytest.approx(3.7, abs=1e-12)
     assert percentile(values, 99) == pytest.approx(3.97, abs=1e-12)
     assert percentile([7.0], 99) == 7.0
-    assert distribution(values) == {"mean": 2.5, "p50": 2.5, "p90": pytest.approx(3.7), "p99": pytest.approx(3.97),
-                                    "count": 4}
+    assert distribution(values) == {
+        "mean": 2.5,
+        "p50": 2.5,
+        "p90": pytest.approx(3.7),
+        "p99": pytest.approx(3.97),
+        "count": 4,
+    }
     assert distribution([])["p50"] is None
 
 
@@ -79,14 +98,26 @@ def test_cache_ratio_is_cache_on_over_cache_off():
 
 
 def test_tables_show_a_column_per_mode_and_per_comparison():
-    on = summarize([record(0.0, [0.5, 1.0], 1.0)], 1.0, label="c=1 prefix", concurrency=1,
-                   request_rate=None, cache_mode="prefix")
+    on = summarize(
+        [record(0.0, [0.5, 1.0], 1.0)], 1.0, label="c=1 prefix", concurrency=1, request_rate=None, cache_mode="prefix"
+    )
     off = {**on, "label": "c=1 off", "cache_mode": "off"}
     plain = render_tables({"runs": [on], "cache_ratios": []})
     assert [c.header for c in plain[0].columns] == ["metric", "KV + prefix cache"]
-    compared = render_tables({"runs": [on, off], "cache_ratios": [
-        {"concurrency": 1, "request_rate": None, "numerator": "prefix", "denominator": "off",
-         "ratio": cache_ratio(on, off)}]})
+    compared = render_tables(
+        {
+            "runs": [on, off],
+            "cache_ratios": [
+                {
+                    "concurrency": 1,
+                    "request_rate": None,
+                    "numerator": "prefix",
+                    "denominator": "off",
+                    "ratio": cache_ratio(on, off),
+                }
+            ],
+        }
+    )
     assert [c.header for c in compared[0].columns] == ["metric", "KV + prefix cache", "no cache", "prefix/off"]
 
 
@@ -95,7 +126,10 @@ def test_the_hit_rate_is_cached_over_prompt_tokens():
     a.prompt_tokens, a.cached_tokens, b.prompt_tokens, b.cached_tokens = 100, 64, 100, 0
     summary = summarize([a, b], 1.0)
     assert (summary["prompt_tokens"], summary["cached_prompt_tokens"], summary["prefix_cache_hit_rate"]) == (
-        200, 64, 0.32)
+        200,
+        64,
+        0.32,
+    )
 
 
 def test_speculation_is_acceptance_over_draft_tokens_and_generated_tokens_per_step():
@@ -112,8 +146,10 @@ def test_speculation_is_acceptance_over_draft_tokens_and_generated_tokens_per_st
 
 def test_greedy_request_body_follows_tgi_schema():
     body = RequestParams(max_new_tokens=5, cache_mode="off", ignore_eos=False).body("Hi")
-    assert body == {"inputs": "Hi", "parameters": {"max_new_tokens": 5, "use_cache": False, "details": True,
-                                                   "do_sample": False}}
+    assert body == {
+        "inputs": "Hi",
+        "parameters": {"max_new_tokens": 5, "use_cache": False, "details": True, "do_sample": False},
+    }
     salts = {RequestParams(cache_mode="kv").body("Hi")["parameters"]["cache_salt"] for _ in range(3)}
     assert len(salts) == 3, "the kv mode needs a fresh salt per request (no prefix reuse across requests)"
     assert "cache_salt" not in RequestParams(cache_mode="prefix").body("Hi")["parameters"]
@@ -137,6 +173,7 @@ def test_prompts_are_cut_to_exact_token_counts(tiny_tokenizer):
 
 # ---- against the real server: the `live` fixture of tests/server/conftest.py (tiny checkpoint, uvicorn) ----
 
+
 @pytest.fixture(scope="module")
 def server_url(live):
     return live.url
@@ -152,11 +189,24 @@ def test_load_test_against_real_server_counts_every_token(server_url, tiny_check
 
     prompts, note = load_prompts(4, 8, None, str(tiny_checkpoint), shared_prefix_tokens=40)
     assert note["tokens_max"] >= 40 + 8 and note["shared_prefix_tokens"] == 40
-    config = LoadTestConfig(url=server_url, concurrency=(1, 2), cache_modes=("prefix", "kv", "off"), num_requests=3,
-                            max_new_tokens=4, request_timeout_s=60, timeout_s=240)
+    config = LoadTestConfig(
+        url=server_url,
+        concurrency=(1, 2),
+        cache_modes=("prefix", "kv", "off"),
+        num_requests=3,
+        max_new_tokens=4,
+        request_timeout_s=60,
+        timeout_s=240,
+    )
     report = asyncio.run(run_load_test(config, prompts))
-    assert [r["label"] for r in report["runs"]] == ["c=1 prefix", "c=1 kv", "c=1 off", "c=2 prefix", "c=2 kv",
-                                                    "c=2 off"]
+    assert [r["label"] for r in report["runs"]] == [
+        "c=1 prefix",
+        "c=1 kv",
+        "c=1 off",
+        "c=2 prefix",
+        "c=2 kv",
+        "c=2 off",
+    ]
     assert report["server"]["ignore_eos_supported"] is True  # our own server: every request runs to 4 tokens
     for run in report["runs"]:
         assert (run["requests_ok"], run["requests_failed"]) == (3, 0), run["errors"]
@@ -177,10 +227,16 @@ def test_load_test_against_real_server_counts_every_token(server_url, tiny_check
         else:
             assert hits == [0, 0, 0], hits
     assert [(c["concurrency"], c["numerator"], c["denominator"]) for c in report["cache_ratios"]] == [
-        (1, "kv", "off"), (2, "kv", "off"), (1, "prefix", "off"), (2, "prefix", "off"), (1, "prefix", "kv"),
-        (2, "prefix", "kv")]
+        (1, "kv", "off"),
+        (2, "kv", "off"),
+        (1, "prefix", "off"),
+        (2, "prefix", "off"),
+        (1, "prefix", "kv"),
+        (2, "prefix", "kv"),
+    ]
     assert sorted(report["cache_ratios"][0]["ratio"]) == sorted(
-        ["output_tokens_per_s", "requests_per_s", "ttft_s", "tpot_s", "itl_s", "e2e_s"])
+        ["output_tokens_per_s", "requests_per_s", "ttft_s", "tpot_s", "itl_s", "e2e_s"]
+    )
     json.dumps(report)
     assert [p.name for p in write_plots(report, tmp_path)] == ["throughput_latency.png", "itl_by_token_index.png"]
     assert all((tmp_path / name).stat().st_size > 0 for name in ("throughput_latency.png", "itl_by_token_index.png"))
@@ -192,8 +248,25 @@ def test_command_line_writes_json_report(server_url, tiny_checkpoint, tmp_path):
     from loadtest.client import main
 
     out = tmp_path / "report.json"
-    code = main(["--url", server_url, "--concurrency", "2", "--num-requests", "2", "--max-new-tokens", "3",
-                 "--prompt-tokens", "6", "--tokenizer", str(tiny_checkpoint), "--quiet", "--json-out", str(out)])
+    code = main(
+        [
+            "--url",
+            server_url,
+            "--concurrency",
+            "2",
+            "--num-requests",
+            "2",
+            "--max-new-tokens",
+            "3",
+            "--prompt-tokens",
+            "6",
+            "--tokenizer",
+            str(tiny_checkpoint),
+            "--quiet",
+            "--json-out",
+            str(out),
+        ]
+    )
     assert code == 0
     report = json.loads(out.read_text())
     assert [(r["concurrency"], r["cache_mode"], r["requests_ok"]) for r in report["runs"]] == [(2, "prefix", 2)]
@@ -226,8 +299,12 @@ def test_an_event_line_too_long_to_read_is_a_bad_event_not_a_crash():
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
-                     + b"data: " + b"x" * (3 << 20) + b"\n\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+            + b"data: "
+            + b"x" * (3 << 20)
+            + b"\n\n"
+        )
         await writer.drain()
         writer.close()
 
@@ -235,8 +312,13 @@ def test_an_event_line_too_long_to_read_is_a_bad_event_not_a_crash():
         server = await asyncio.start_server(answer, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         async with server, make_client(30) as client:
-            return await stream_one(client, f"http://127.0.0.1:{port}", "Hi", RequestParams(max_new_tokens=2),
-                                    RequestRecord(start=time.perf_counter()))
+            return await stream_one(
+                client,
+                f"http://127.0.0.1:{port}",
+                "Hi",
+                RequestParams(max_new_tokens=2),
+                RequestRecord(start=time.perf_counter()),
+            )
 
     record = asyncio.run(main())
     assert (record.status, record.ok, record.error_type) == (200, False, "bad_event"), record.error
@@ -250,12 +332,17 @@ def test_unreachable_server_is_reported_not_retried(tiny_checkpoint):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens here once the socket is closed
-    assert main(["--url", f"http://127.0.0.1:{port}", "--num-requests", "1", "--quiet",
-                 "--tokenizer", str(tiny_checkpoint)]) == 2
+    assert (
+        main(
+            ["--url", f"http://127.0.0.1:{port}", "--num-requests", "1", "--quiet", "--tokenizer", str(tiny_checkpoint)]
+        )
+        == 2
+    )
 
 
 def test_tenants_give_each_prompt_one_of_k_shared_prefixes(tiny_checkpoint):
     from loadtest.prompts import load_prompts
+
     prompts, note = load_prompts(24, 8, None, str(tiny_checkpoint), tenants=3, shared_prefix_tokens=30)
     heads = {p.split("\n", 1)[0] for p in prompts}
     assert len(heads) == 3 and note["tenants"] == 3, heads

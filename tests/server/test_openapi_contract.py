@@ -1,6 +1,7 @@
 """The OpenAPI schema describes what the server does (issue 23): bounded and strict fields, every error
 status with its shape, the content types of streams and metrics; then a bounded schemathesis run with
 every check, whose only failures are the known ones a schema cannot express."""
+
 from __future__ import annotations
 
 import re
@@ -24,15 +25,21 @@ GENERATION_ROUTES = ["/generate", "/generate_stream", "/", "/v1/completions", "/
 # checkpoint (its vocabulary, context, chat template) or on the server's flags. (message pattern, why)
 KNOWN_REFUSALS = [
     (r"out of range \[0, \d+\)|is not a token id in \[0, \d+\)", "a token id at or above the vocabulary size"),
-    (r"the context holds \d+|exceeds the context of \d+|KV-cache blocks", "the prompt and max tokens pass the "
-                                                                          "context (or the KV cache)"),
-    (r"\(--max-[a-z-]+( \+ --max-[a-z-]+)?\)", "a limit set by a server flag (--max-n, --max-logprobs, "
-                                                "--max-prompts, ...)"),
+    (
+        r"the context holds \d+|exceeds the context of \d+|KV-cache blocks",
+        "the prompt and max tokens pass the context (or the KV cache)",
+    ),
+    (
+        r"\(--max-[a-z-]+( \+ --max-[a-z-]+)?\)",
+        "a limit set by a server flag (--max-n, --max-logprobs, --max-prompts, ...)",
+    ),
     (r"has no chat template|the chat template failed", "the checkpoint's chat template (none, or it raised)"),
     (r"content parts of type", "a chat content part that is not text (a 400 naming it, by design)"),
-    (r"best_of > 1 needs sampling|best_of .* must be at least n|cannot be streamed|max_tokens 0 needs echo|"
-     r"continuous_usage_stats needs|only allowed with stream: true|top_logprobs needs logprobs",
-     "a rule between two fields"),
+    (
+        r"best_of > 1 needs sampling|best_of .* must be at least n|cannot be streamed|max_tokens 0 needs echo|"
+        r"continuous_usage_stats needs|only allowed with stream: true|top_logprobs needs logprobs",
+        "a rule between two fields",
+    ),
 ]
 
 
@@ -41,13 +48,18 @@ def test_the_schema_declares_streams_metrics_and_error_statuses(live):
     for path in GENERATION_ROUTES:
         responses = spec["paths"][path]["post"]["responses"]
         assert "text/event-stream" in responses["200"]["content"], path
-        statuses = ("400", "401", "413", "429", "503", "504") if path.startswith("/v1/") else (
-            "400", "401", "413", "422", "429", "503", "504")  # OpenAI's routes answer 400 where TGI's answer 422
+        statuses = (
+            ("400", "401", "413", "429", "503", "504")
+            if path.startswith("/v1/")
+            else ("400", "401", "413", "422", "429", "503", "504")
+        )  # OpenAI's routes answer 400 where TGI's answer 422
         assert path.startswith("/v1/") != ("422" in responses), path
         for status in statuses:
             schema = responses[status]["content"]["application/json"]["schema"]["$ref"]
-            assert schema.endswith("OpenAIErrorResponse" if path.startswith("/v1/") else "/ErrorResponse"), (path,
-                                                                                                               status)
+            assert schema.endswith("OpenAIErrorResponse" if path.startswith("/v1/") else "/ErrorResponse"), (
+                path,
+                status,
+            )
     assert list(spec["paths"]["/generate_stream"]["post"]["responses"]["200"]["content"]) == ["text/event-stream"]
     metrics = spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
     assert list(metrics) == [httpx.get(live.url + "/metrics", timeout=30).headers["content-type"]]
@@ -56,14 +68,17 @@ def test_the_schema_declares_streams_metrics_and_error_statuses(live):
     assert {"type": "number", "minimum": 1.0} in generate["timeout"]["anyOf"]
 
 
-@pytest.mark.parametrize("path,body,field", [
-    ("/generate", {"inputs": "x", "parameters": {"timeout": 5e-324}}, "parameters.timeout"),
-    ("/v1/completions", {"prompt": "x", "timeout": 0.5}, "timeout"),
-    ("/generate", {"inputs": "x", "stream": 0}, "stream"),
-    ("/v1/completions", {"prompt": "x", "stream": 0}, "stream"),
-    ("/v1/completions", {"prompt": "x", "n": "2"}, "n"),
-    ("/generate", {"inputs": "x", "parameters": {"max_new_tokens": 2.5}}, "parameters.max_new_tokens"),
-])
+@pytest.mark.parametrize(
+    "path,body,field",
+    [
+        ("/generate", {"inputs": "x", "parameters": {"timeout": 5e-324}}, "parameters.timeout"),
+        ("/v1/completions", {"prompt": "x", "timeout": 0.5}, "timeout"),
+        ("/generate", {"inputs": "x", "stream": 0}, "stream"),
+        ("/v1/completions", {"prompt": "x", "stream": 0}, "stream"),
+        ("/v1/completions", {"prompt": "x", "n": "2"}, "n"),
+        ("/generate", {"inputs": "x", "parameters": {"max_new_tokens": 2.5}}, "parameters.max_new_tokens"),
+    ],
+)
 def test_a_value_outside_its_declared_type_or_bound_is_refused(live, path, body, field):
     r = httpx.post(live.url + path, json=body, timeout=60)
     assert r.status_code == (400 if path.startswith("/v1/") else 422), r.text
@@ -72,8 +87,9 @@ def test_a_value_outside_its_declared_type_or_bound_is_refused(live, path, body,
 
 
 def test_a_whole_number_is_an_integer_as_json_schema_counts_it(live):
-    r = httpx.post(live.url + "/generate", json={"inputs": "x", "parameters": {"max_new_tokens": 2.0,
-                                                                               "details": True}}, timeout=60)
+    r = httpx.post(
+        live.url + "/generate", json={"inputs": "x", "parameters": {"max_new_tokens": 2.0, "details": True}}, timeout=60
+    )
     assert r.status_code == 200 and r.json()["details"]["generated_tokens"] <= 2, r.text
 
 
@@ -99,18 +115,25 @@ def test_schemathesis_with_every_check_finds_only_the_known_exceptions(live):
         if operation.path in ENDLESS_STREAMS:
             continue
         ran[f"{operation.method.upper()} {operation.path}"] = 0
-        strategy = (operation.as_strategy(generation_mode=GenerationMode.POSITIVE)
-                    | operation.as_strategy(generation_mode=GenerationMode.NEGATIVE))
+        strategy = operation.as_strategy(generation_mode=GenerationMode.POSITIVE) | operation.as_strategy(
+            generation_mode=GenerationMode.NEGATIVE
+        )
 
-        @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None, derandomize=True,
-                  phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES_PER_OPERATION,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=strategy)
         def run(case):
             if isinstance(case.body, dict) and isinstance(case.body.get("model"), str):
                 case.body["model"] = "tiny"  # else nearly every case stops at the name's 404 (a name of the
                 # wrong type stays: a negative case's invalid part)
             response = case.call(base_url=live.url, timeout=60)
-            ran[f"{case.method.upper()} {operation.path}"] += 1
+            ran[f"{case.method.upper()} {operation.path}"] += 1  # noqa: B023 (run() is called in this iteration)
             try:
                 case.validate_response(response, checks=checks)
             except (Failure, FailureGroup) as e:
@@ -119,8 +142,10 @@ def test_schemathesis_with_every_check_finds_only_the_known_exceptions(live):
                     if why is None and response.status_code == 504 and "deadline" in response.text:
                         why = "the request's own timeout passed (a 504, documented)"
                     if why is None:
-                        unexpected.append(f"{case.method} {case.path} body={case.body!r} -> {response.status_code} "
-                                          f"{response.text[:300]}\n{failure}")
+                        unexpected.append(
+                            f"{case.method} {case.path} body={case.body!r} -> {response.status_code} "
+                            f"{response.text[:300]}\n{failure}"
+                        )
                     else:
                         known[why] = known.get(why, 0) + 1
 

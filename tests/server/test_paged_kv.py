@@ -1,6 +1,7 @@
 """The paged KV cache in the engine: prefix-cache hits give what misses and `use_cache: false` give
 (bit for bit with the exact kernels), preemption never changes an output, a mixed step gives each
 request what it gets alone, and cancellations at random points leak no block."""
+
 from __future__ import annotations
 
 import random
@@ -126,8 +127,13 @@ def test_prefix_caching_off_never_hits(tiny_model, tiny_tokenizer):
 def test_preemption_never_changes_an_output(tiny_model, tiny_tokenizer):
     """Four requests that need 20 blocks at the end share 10: the newest are preempted, recompute when
     they resume, and still end with what each gives alone, greedy and seeded alike."""
-    reqs = [(prompt(20, seed=i), SamplingParams(max_new_tokens=60, temperature=0.8 if i % 2 else 0, seed=i,
-                                                ignore_eos=True)) for i in range(4)]
+    reqs = [
+        (
+            prompt(20, seed=i),
+            SamplingParams(max_new_tokens=60, temperature=0.8 if i % 2 else 0, seed=i, ignore_eos=True),
+        )
+        for i in range(4)
+    ]
     alone = [tokens(run(make_engine(tiny_model, tiny_tokenizer), p, params)[0]) for p, params in reqs]
     eng = make_engine(tiny_model, tiny_tokenizer, num_blocks=10)
     sinks = [[] for _ in reqs]
@@ -175,8 +181,9 @@ def test_a_soak_with_cancellations_at_random_points_leaks_no_block(tiny_model, t
         if rng.random() < 0.5 and eng.num_waiting < 20:
             n = rng.randrange(1, 90)
             p = prompt(n, seed=rng.randrange(6)) if rng.random() < 0.5 else prompt(n, seed=100 + step)
-            params = SamplingParams(max_new_tokens=rng.randrange(1, 128 - n), temperature=rng.choice([0, 0.9]),
-                                    seed=step)
+            params = SamplingParams(
+                max_new_tokens=rng.randrange(1, 128 - n), temperature=rng.choice([0, 0.9]), seed=step
+            )
             live.append(eng.submit(p, params, lambda o: None, use_cache=rng.random() < 0.85))
         if live and rng.random() < 0.2:
             eng.abort(live.pop(rng.randrange(len(live))))

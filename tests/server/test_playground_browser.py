@@ -4,6 +4,7 @@ the slot on the server, the attention view draws and highlights the weights the 
 Needs Debian's `chromium` (/usr/bin/chromium) and the `playwright` Python package; skipped without them.
 Screenshots go to $KVSERVE_ARTIFACTS/playground (default: the system temp folder).
 """
+
 from __future__ import annotations
 
 import os
@@ -23,9 +24,17 @@ if not Path(CHROMIUM).exists():
     pytest.skip("Chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
 # Playwright cannot download its own browser here: it drives the system one, offline and quiet.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage"]  # containers often have a tiny /dev/shm
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]  # containers often have a tiny /dev/shm
 PROMPT = "To be, or not to be, that is the question"
 WAIT_MS = 120_000  # how long a page may take to show something on a busy machine (not a measurement)
 
@@ -106,8 +115,12 @@ def api_generate(live, **parameters) -> dict:
 def test_page_and_its_files_are_served(live):
     page = httpx.get(live.url + "/", timeout=30)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    for name, kind in (("app.js", "javascript"), ("sse.js", "javascript"), ("attention.js", "javascript"),
-                       ("style.css", "css")):
+    for name, kind in (
+        ("app.js", "javascript"),
+        ("sse.js", "javascript"),
+        ("attention.js", "javascript"),
+        ("style.css", "css"),
+    ):
         asset = httpx.get(f"{live.url}/static/{name}", timeout=30)
         assert asset.status_code == 200 and kind in asset.headers["content-type"], name
     assert httpx.get(live.url + "/static/..%2Fplayground.py", timeout=30).status_code == 404
@@ -154,8 +167,10 @@ def test_stop_disconnects_and_the_server_frees_the_slot(page, live, artifacts):
         page.screenshot(path=str(artifacts / "stopped.png"), full_page=True)
         wait_until(lambda: live.engine.scheduler.num_pending_aborts == 1, "the server never saw the disconnect")
         release.set()
-    wait_until(lambda: live.metric("kvserve:request_success_total", finished_reason="abort") == aborted_before + 1,
-               "the abort was not counted in /metrics")
+    wait_until(
+        lambda: live.metric("kvserve:request_success_total", finished_reason="abort") == aborted_before + 1,
+        "the abort was not counted in /metrics",
+    )
     assert live.metric("kvserve:num_requests_running") == 0
     assert live.metric("kvserve:kv_cache_usage_perc") == 0
     expect(page.locator("#output .token")).to_have_count(5)  # nothing arrived after Stop
@@ -170,10 +185,13 @@ def test_attention_view_draws_the_weights_the_api_returns(page, live, artifacts)
     expect(page.locator("#layer option")).to_have_count(config.n_layer)
     expect(page.locator("#head option")).to_have_count(config.n_head + 1)  # + average over heads
     assert page.eval_on_selector("#heatmap", "c => c.width > 0 && c.height > 0")
-    assert page.eval_on_selector("#heatmap", """c => {
+    assert page.eval_on_selector(
+        "#heatmap",
+        """c => {
         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
         for (let i = 0; i < d.length; i += 4) if (d[i + 3] > 0 && d[i + 2] > d[i] + 40) return true;
-        return false; }"""), "the heat map has no blue cells"
+        return false; }""",
+    ), "the heat map has no blue cells"
 
     attention = api_generate(live, max_new_tokens=16, return_attention=True)["details"]["attention"]
     query = 2
@@ -186,13 +204,15 @@ def test_attention_view_draws_the_weights_the_api_returns(page, live, artifacts)
     shown = [float(t.removeprefix("weight ")) for t in titles]
     assert len(shown) == len(expected)
     assert all(abs(s - e) <= 1e-4 for s, e in zip(shown, expected)), f"highlighted {shown}, API says {expected}"
-    assert all(s == 0 for s in shown[attention["query_start"] + query + 1:]), "a future token lit up"
+    assert all(s == 0 for s in shown[attention["query_start"] + query + 1 :]), "a future token lit up"
     page.screenshot(path=str(artifacts / "attention.png"), full_page=True)
 
     page.select_option("#head", "0")
     hovered.hover()
-    first_head = [float(t.removeprefix("weight ")) for t in
-                  page.locator("#attention-tokens .tok").evaluate_all("spans => spans.map(s => s.title)")]
+    first_head = [
+        float(t.removeprefix("weight "))
+        for t in page.locator("#attention-tokens .tok").evaluate_all("spans => spans.map(s => s.title)")
+    ]
     assert all(abs(s - e) <= 1e-4 for s, e in zip(first_head, last_layer[0][query]))
 
 

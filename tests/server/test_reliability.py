@@ -1,5 +1,6 @@
 """Faults, deadlines and load: a broken request fails alone, a deadline ends a request and frees its slot,
 stop strings never leak over HTTP, and a soak of mixed, partly abandoned requests leaves nothing behind."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,8 +13,8 @@ import httpx
 import pytest
 import torch
 
-from server.engine.model_runner import ModelRunner
 from server.api.limits import Limits
+from server.engine.model_runner import ModelRunner
 from tests.server.conftest import ServerProcess, blocks_free, hook_sampling, serve, sse_events, wait_for
 
 GREEDY = {"max_new_tokens": 12, "ignore_eos": True}
@@ -46,6 +47,7 @@ def run_together(live, bodies: list[dict]) -> list[httpx.Response]:
 @pytest.fixture
 def nan_logits_for_seed_17(monkeypatch):
     """Decode steps give NaN logits in the rows of requests with seed 17, as a broken kernel would."""
+
     def before(reqs, logits):
         for i, r in enumerate(reqs):
             if r.params.seed == 17 and r.num_output_tokens > 0:
@@ -63,8 +65,11 @@ def test_nan_logits_in_one_row_fail_that_request_only(live, nan_logits_for_seed_
     broken = results.pop(2)
     assert broken.status_code == 424 and broken.json()["error_type"] == "generation"  # TGI's GenerationError
     assert "non-finite logits" in broken.json()["error"]
-    openai = httpx.post(live.url + "/v1/completions", timeout=60,  # OpenAI's routes answer it as vLLM does: 500
-                        json={"prompt": "To be", "max_tokens": 4, "temperature": 0, "seed": 17})
+    openai = httpx.post(
+        live.url + "/v1/completions",
+        timeout=60,  # OpenAI's routes answer it as vLLM does: 500
+        json={"prompt": "To be", "max_tokens": 4, "temperature": 0, "seed": 17},
+    )
     assert openai.status_code == 500 and openai.json()["error"]["type"] == "server_error"
     assert [r.json()["generated_text"] for r in results] == solo
     with live.client() as c:  # streamed: the first token (from prefill) arrives, then the error event
@@ -85,8 +90,9 @@ def test_a_stream_that_breaks_ends_with_an_error_event_in_its_routes_shape(live,
     monkeypatch.setattr(ChunkEncoder, "__call__", broken)
     body = {"prompt": "To be", "max_tokens": 4, "stream": True}
     with live.client() as c:
-        events = [line[5:].strip() for line in c.post("/v1/completions", json=body).iter_lines()
-                  if line.startswith("data:")]
+        events = [
+            line[5:].strip() for line in c.post("/v1/completions", json=body).iter_lines() if line.startswith("data:")
+        ]
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert (error["type"], error["code"]) == ("server_error", "generation") and "injected" in error["message"]
@@ -102,9 +108,9 @@ def test_a_broken_stream_on_tgis_routes_ends_in_tgis_shape():
 
     async def collect():
         return [e async for e in guarded(events())]
+
     last = asyncio.run(collect())[-1]
-    assert json.loads(last.removeprefix("data: ")) == {"error": "RuntimeError: broke",
-                                                                     "error_type": "generation"}
+    assert json.loads(last.removeprefix("data: ")) == {"error": "RuntimeError: broke", "error_type": "generation"}
 
 
 @pytest.fixture
@@ -121,11 +127,13 @@ def out_of_memory_for_seed_19(monkeypatch):
 
 
 def test_out_of_memory_in_one_request_fails_it_alone_and_the_others_match_their_solo_results(
-        live, out_of_memory_for_seed_19):
+    live, out_of_memory_for_seed_19
+):
     prompts = ["To be", "the slings", "Emoji"]
     solo = [generate(live, p, **GREEDY).json()["generated_text"] for p in prompts]
     bodies = [{"inputs": p, "parameters": GREEDY} for p in prompts] + [
-        {"inputs": "x", "parameters": {**GREEDY, "seed": 19, "use_cache": False}}]
+        {"inputs": "x", "parameters": {**GREEDY, "seed": 19, "use_cache": False}}
+    ]
     results = run_together(live, bodies)
     assert results[-1].status_code == 424 and "OutOfMemoryError" in results[-1].json()["error"]
     assert [r.json()["generated_text"] for r in results[:-1]] == solo
@@ -158,8 +166,10 @@ def test_a_request_past_its_deadline_ends_with_a_timeout_error_and_frees_its_slo
     with engine.paused():  # no step runs: the request cannot finish before its deadline
         thread = threading.Thread(target=call)
         thread.start()
-        wait_for(lambda: small_live.metric("kvserve:request_rejected_total", reason="timeout") == timeouts + 1,
-                 "the deadline to pass")
+        wait_for(
+            lambda: small_live.metric("kvserve:request_rejected_total", reason="timeout") == timeouts + 1,
+            "the deadline to pass",
+        )
     thread.join(60)
     status, answer = result[0]
     final = answer[-1] if stream else answer
@@ -178,15 +188,22 @@ def test_a_stop_string_spanning_tokens_is_honoured_and_never_streamed(live):
     text = "".join(texts)
     # a stop made of the end of one token and the start of the next, first found where they meet
     starts = [sum(map(len, texts[:i])) for i in range(len(texts))]
-    stop = next(s for i, s in ((i, texts[i - 1][-2:] + texts[i][:1]) for i in range(1, len(texts)))
-                if len(s) == 3 and text.index(s) == starts[i] - 2 > 0)
-    expected = text[:text.index(stop)]
+    stop = next(
+        s
+        for i, s in ((i, texts[i - 1][-2:] + texts[i][:1]) for i in range(1, len(texts)))
+        if len(s) == 3 and text.index(s) == starts[i] - 2 > 0
+    )
+    expected = text[: text.index(stop)]
     assert expected, stop
     r = generate(live, "To be", max_new_tokens=40, ignore_eos=True, stop=[stop], details=True).json()
     assert r["generated_text"] == expected and r["details"]["finish_reason"] == "stop_sequence", (stop, r)
     with live.client() as c:
-        events = sse_events(c.post("/generate_stream", json={"inputs": "To be", "parameters": {
-            "max_new_tokens": 40, "ignore_eos": True, "stop": [stop]}}).iter_lines())
+        events = sse_events(
+            c.post(
+                "/generate_stream",
+                json={"inputs": "To be", "parameters": {"max_new_tokens": 40, "ignore_eos": True, "stop": [stop]}},
+            ).iter_lines()
+        )
     streamed = "".join(e["token"]["text"] for e in events)
     assert streamed == expected and stop not in streamed and events[-1]["generated_text"] == expected
 
@@ -202,44 +219,73 @@ def test_multibyte_characters_and_a_multibyte_stop_stream_whole(live):
         e["token"]["text"].encode("utf-8")  # a lone surrogate (a torn character) would raise here
     stop = "\ufffd"  # the tiny model often emits bytes that are no character: they decode to U+FFFD
     assert stop in whole, whole
-    stopped = httpx.post(live.url + "/generate", json={**body, "parameters": {**body["parameters"], "stop": [stop]}},
-                         timeout=60).json()["generated_text"]
-    assert stopped == whole[:whole.index(stop)]
+    stopped = httpx.post(
+        live.url + "/generate", json={**body, "parameters": {**body["parameters"], "stop": [stop]}}, timeout=60
+    ).json()["generated_text"]
+    assert stopped == whole[: whole.index(stop)]
 
 
 # ---- a soak of mixed requests against the real process ---------------------------------------------
 
-PROMPTS = ["To be", "Whether 'tis nobler", "the slings and arrows", "世界你好", "Emoji 🤖", "naïve café",
-           "question:", "outrageous fortune."]
+PROMPTS = [
+    "To be",
+    "Whether 'tis nobler",
+    "the slings and arrows",
+    "世界你好",
+    "Emoji 🤖",
+    "naïve café",
+    "question:",
+    "outrageous fortune.",
+]
 SOAK_REQUESTS, WARMUP_REQUESTS, CANCEL_SHARE = 300, 60, 0.15
 
 
 def soak_request(rng: random.Random, model: str) -> dict:
     """One request of the mix: TGI or OpenAI, streamed or not, cached or not, greedy or sampled."""
     greedy = rng.random() < 0.5
-    req = {"model": model, "prompt": rng.choice(PROMPTS), "stream": rng.random() < 0.5, "openai": rng.random() < 0.25,
-           "use_cache": rng.random() < 0.75, "greedy": greedy, "cancel": rng.random() < CANCEL_SHARE,
-           "cancel_after": rng.choice([0, 1, 3]), "cancel_delay": rng.uniform(0.0, 0.05)}
+    req = {
+        "model": model,
+        "prompt": rng.choice(PROMPTS),
+        "stream": rng.random() < 0.5,
+        "openai": rng.random() < 0.25,
+        "use_cache": rng.random() < 0.75,
+        "greedy": greedy,
+        "cancel": rng.random() < CANCEL_SHARE,
+        "cancel_after": rng.choice([0, 1, 3]),
+        "cancel_delay": rng.uniform(0.0, 0.05),
+    }
     if greedy:
         req["params"] = {"max_new_tokens": rng.choice([8, 16]), "ignore_eos": True}
     else:
-        req["params"] = {"max_new_tokens": rng.randint(1, 24), "temperature": rng.uniform(0.3, 1.5),
-                         "top_k": rng.choice([None, 5, 50]), "top_p": rng.choice([None, 0.9]),
-                         "seed": rng.randrange(2**31), "ignore_eos": rng.random() < 0.5,
-                         "stop": rng.choice([[], ["e"], ["the", "\n"]])}
+        req["params"] = {
+            "max_new_tokens": rng.randint(1, 24),
+            "temperature": rng.uniform(0.3, 1.5),
+            "top_k": rng.choice([None, 5, 50]),
+            "top_p": rng.choice([None, 0.9]),
+            "seed": rng.randrange(2**31),
+            "ignore_eos": rng.random() < 0.5,
+            "stop": rng.choice([[], ["e"], ["the", "\n"]]),
+        }
     return req
 
 
 def http_body(req: dict) -> tuple[str, dict]:
     p = req["params"]
     if req["openai"]:
-        body = {"model": req["model"], "prompt": req["prompt"], "max_tokens": p["max_new_tokens"],
-                "stream": req["stream"], "use_cache": req["use_cache"], "ignore_eos": p["ignore_eos"]}
+        body = {
+            "model": req["model"],
+            "prompt": req["prompt"],
+            "max_tokens": p["max_new_tokens"],
+            "stream": req["stream"],
+            "use_cache": req["use_cache"],
+            "ignore_eos": p["ignore_eos"],
+        }
         if req["greedy"]:
             body["temperature"] = 0
         else:
-            body.update(temperature=p["temperature"], top_k=p["top_k"], top_p=p["top_p"], seed=p["seed"],
-                        stop=p["stop"] or None)
+            body.update(
+                temperature=p["temperature"], top_k=p["top_k"], top_p=p["top_p"], seed=p["seed"], stop=p["stop"] or None
+            )
         return "/v1/completions", body
     params = {k: v for k, v in p.items() if v is not None and v != []}
     params["use_cache"] = req["use_cache"]
@@ -285,6 +331,7 @@ async def soak(url: str, reqs: list[dict], concurrency: int = 48) -> list[tuple[
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits, trust_env=False) as client:
+
         async def one(req):
             async with gate:
                 return await send(client, req)
@@ -301,9 +348,19 @@ def test_soak_mixed_requests_with_disconnects_leave_nothing_behind(tiny_checkpoi
     server = ServerProcess(tiny_checkpoint, "--max-num-seqs", "8", "--max-waiting", "512")
     try:
         server.wait_healthy()
-        solo_reqs = [{"prompt": p, "params": {"max_new_tokens": n, "ignore_eos": True}, "stream": False,
-                      "openai": False, "use_cache": True, "greedy": True, "cancel": False}
-                     for p in PROMPTS for n in (8, 16)]
+        solo_reqs = [
+            {
+                "prompt": p,
+                "params": {"max_new_tokens": n, "ignore_eos": True},
+                "stream": False,
+                "openai": False,
+                "use_cache": True,
+                "greedy": True,
+                "cancel": False,
+            }
+            for p in PROMPTS
+            for n in (8, 16)
+        ]
         solo_out = asyncio.run(soak(server.url, solo_reqs, concurrency=1))
         solo = {greedy_key(r): text for r, (_, text) in zip(solo_reqs, solo_out)}
         asyncio.run(soak(server.url, [soak_request(rng, model) for _ in range(WARMUP_REQUESTS)]))
@@ -315,18 +372,27 @@ def test_soak_mixed_requests_with_disconnects_leave_nothing_behind(tiny_checkpoi
 
         failures = [(r, out) for r, (out, _) in zip(reqs, results) if out not in ("ok", "cancelled")]
         cancelled = sum(out == "cancelled" for out, _ in results)
-        mismatched = [(greedy_key(r), text, solo[greedy_key(r)]) for r, (out, text) in zip(reqs, results)
-                      if out == "ok" and r["greedy"] and text != solo[greedy_key(r)]]
+        mismatched = [
+            (greedy_key(r), text, solo[greedy_key(r)])
+            for r, (out, text) in zip(reqs, results)
+            if out == "ok" and r["greedy"] and text != solo[greedy_key(r)]
+        ]
         for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
-            wait_for(lambda: server.metric("kvserve:" + gauge) == 0, f"{gauge} back to 0", timeout=30)
+            wait_for(lambda gauge=gauge: server.metric("kvserve:" + gauge) == 0, f"{gauge} back to 0", timeout=30)
         rss_after = server.rss_bytes()
         errors = server.metric("kvserve:request_success_total", finished_reason="error")
         aborted = server.metric("kvserve:request_success_total", finished_reason="abort")
         greedy_checked = sum(out == "ok" and r["greedy"] for r, (out, _) in zip(reqs, results))
-        figures = {"requests": SOAK_REQUESTS, "failures": len(failures), "cancelled": cancelled,
-                   "aborted_server_side": int(aborted), "greedy_checked": greedy_checked,
-                   "greedy_mismatches": len(mismatched), "rss_before_mib": round(rss_before / 2**20, 1),
-                   "rss_after_mib": round(rss_after / 2**20, 1)}
+        figures = {
+            "requests": SOAK_REQUESTS,
+            "failures": len(failures),
+            "cancelled": cancelled,
+            "aborted_server_side": int(aborted),
+            "greedy_checked": greedy_checked,
+            "greedy_mismatches": len(mismatched),
+            "rss_before_mib": round(rss_before / 2**20, 1),
+            "rss_after_mib": round(rss_after / 2**20, 1),
+        }
         print(f"\nsoak: {figures}")
         record_property("soak", figures)
         assert not failures, failures[:5]

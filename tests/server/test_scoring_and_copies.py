@@ -1,12 +1,13 @@
 """The engine's side of the richer APIs: prompt logprobs from the prefill itself, scoring without
 generating, top logprobs, penalties and logit bias, and copies of one prompt sharing its blocks."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from model.generate import sequence_cache
 from model.config import PromptError
+from model.generate import sequence_cache
 from model.kv_cache import StepBatch
 from model.sampling import SamplingParams
 from server.engine import Engine
@@ -85,8 +86,16 @@ def test_a_logit_bias_of_100_forces_its_token_and_penalties_change_the_text(tiny
     forced = run(eng, ids, SamplingParams(max_new_tokens=5, temperature=0, logit_bias=((17, 100.0),)))
     assert [e.token_id for e in forced] == [17] * 5
     plain = [e.token_id for e in run(eng, ids, SamplingParams(max_new_tokens=30, temperature=0, ignore_eos=True))]
-    penalised = [e.token_id for e in run(eng, ids, SamplingParams(max_new_tokens=30, temperature=0, ignore_eos=True,
-                                                                  frequency_penalty=2.0, presence_penalty=1.0))]
+    penalised = [
+        e.token_id
+        for e in run(
+            eng,
+            ids,
+            SamplingParams(
+                max_new_tokens=30, temperature=0, ignore_eos=True, frequency_penalty=2.0, presence_penalty=1.0
+            ),
+        )
+    ]
     assert plain != penalised and len(set(penalised)) > len(set(plain))
 
 
@@ -98,8 +107,12 @@ def test_penalized_rows_beside_plain_ones_leave_the_plain_ones_alone(tiny_model,
     sinks = [[], []]
     with eng.paused():
         eng.submit(ids, greedy, sinks[0].append)
-        eng.submit(ids, SamplingParams(max_new_tokens=10, temperature=0, frequency_penalty=1.5,
-                                       logit_bias=((5, 3.0),)), sinks[1].append, cache_salt="x")
+        eng.submit(
+            ids,
+            SamplingParams(max_new_tokens=10, temperature=0, frequency_penalty=1.5, logit_bias=((5, 3.0),)),
+            sinks[1].append,
+            cache_salt="x",
+        )
     while not all(s and s[-1].finished for s in sinks):
         eng.step()
     assert [e.token_id for e in sinks[0]] == alone

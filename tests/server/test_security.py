@@ -1,4 +1,5 @@
 """The API key, CORS and the body-size limit: who gets in, and what is refused before any route runs."""
+
 from __future__ import annotations
 
 import httpx
@@ -8,10 +9,24 @@ from tests.server.conftest import serve
 
 KEY = "s3cret-key"
 ORIGIN = "http://ui.example"
-PROTECTED = [("GET", "/info"), ("GET", "/metrics"), ("GET", "/v1/models"), ("POST", "/generate"),
-             ("POST", "/generate_stream"), ("POST", "/"), ("POST", "/v1/completions"), ("GET", "/nope")]
-WRONG_AUTH = [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {KEY}x"},
-              {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}, {"Authorization": "Bearer"}]
+PROTECTED = [
+    ("GET", "/info"),
+    ("GET", "/metrics"),
+    ("GET", "/v1/models"),
+    ("POST", "/generate"),
+    ("POST", "/generate_stream"),
+    ("POST", "/"),
+    ("POST", "/v1/completions"),
+    ("GET", "/nope"),
+]
+WRONG_AUTH = [
+    {},
+    {"Authorization": "Bearer wrong"},
+    {"Authorization": f"Bearer {KEY}x"},
+    {"Authorization": KEY},
+    {"Authorization": f"Basic {KEY}"},
+    {"Authorization": "Bearer"},
+]
 TINY_BODY = {"inputs": "To be", "parameters": {"max_new_tokens": 2}}
 
 
@@ -59,8 +74,11 @@ def test_health_and_the_playground_page_stay_open_without_the_key(keyed):
 def test_refused_keys_are_counted_by_reason(keyed):
     def unauthorized() -> float:
         text = httpx.get(keyed.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
-        line = next(l for l in text.splitlines() if l.startswith("kvserve:request_rejected_total{")
-                    and 'reason="unauthorized"' in l)
+        line = next(
+            ln
+            for ln in text.splitlines()
+            if ln.startswith("kvserve:request_rejected_total{") and 'reason="unauthorized"' in ln
+        )
         return float(line.rsplit(" ", 1)[1])
 
     httpx.get(keyed.url + "/info")
@@ -75,8 +93,10 @@ def test_a_huge_body_without_the_key_is_refused_before_it_is_read(keyed):
 
 
 def test_cors_allows_the_configured_origin_only(keyed):
-    preflight = {"Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "authorization,content-type"}
+    preflight = {
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type",
+    }
     r = httpx.options(keyed.url + "/generate", headers={"Origin": ORIGIN, **preflight})
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
     assert "authorization" in r.headers["access-control-allow-headers"].lower()
@@ -104,11 +124,9 @@ def test_a_body_over_the_limit_is_413_with_or_without_content_length(live):
         for _ in range(100):
             yield b"a" * 100_000
 
-    r = httpx.post(live.url + "/generate", content=chunked(), headers={"content-type": "application/json"},
-                   timeout=60)
+    r = httpx.post(live.url + "/generate", content=chunked(), headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code == 413 and r.json()["error_type"] == "body_too_large"
-    r = httpx.post(live.url + "/v1/completions", content=big, headers={"content-type": "application/json"},
-                   timeout=60)
+    r = httpx.post(live.url + "/v1/completions", content=big, headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large", r.text
     assert r.json()["error"]["type"] == "invalid_request_error", r.text
     assert live.metric("kvserve:request_rejected_total", reason="body_too_large") == rejected + 3
@@ -120,6 +138,5 @@ def test_a_chunked_body_under_the_limit_is_served(live):
         yield b'{"inputs": "To be", '
         yield b'"parameters": {"max_new_tokens": 2}}'
 
-    r = httpx.post(live.url + "/generate", content=chunked(), headers={"content-type": "application/json"},
-                   timeout=60)
+    r = httpx.post(live.url + "/generate", content=chunked(), headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code == 200 and "generated_text" in r.json()

@@ -1,4 +1,5 @@
 """The load tester's reading of a server's step metrics."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,14 @@ def test_a_run_reports_the_budget_in_force_and_its_steps():
     before = StepScrape(0.04, 128, steps=10, step_seconds=0.5, decode_tokens=100, prompt_tokens=300)
     after = StepScrape(0.04, 128, steps=30, step_seconds=1.3, decode_tokens=500, prompt_tokens=700)
     got = steps_between(before, after)
-    assert got == {"target_step_ms": 40.0, "max_batched_tokens": 128, "steps": 20,
-                   "mean_step_ms": pytest.approx(40.0), "decode_tokens_per_step": 20.0, "prompt_tokens_per_step": 20.0}
+    assert got == {
+        "target_step_ms": 40.0,
+        "max_batched_tokens": 128,
+        "steps": 20,
+        "mean_step_ms": pytest.approx(40.0),
+        "decode_tokens_per_step": 20.0,
+        "prompt_tokens_per_step": 20.0,
+    }
 
 
 def test_no_target_reads_as_none():

@@ -1,5 +1,6 @@
 """Graceful shutdown: new requests are refused, those in flight finish within the grace period or end with
 a final 'shutdown' event, and a SIGTERM'd server process exits with status 0."""
+
 from __future__ import annotations
 
 import signal
@@ -13,15 +14,19 @@ from tests.server.conftest import ServerProcess, blocks_free, serve, sse_events,
 LONG = {"inputs": "To be", "parameters": {"max_new_tokens": 100, "ignore_eos": True}}
 
 
-def stream_in_thread(url: str, body: dict, results: list,
-                     first_token: threading.Event | None = None) -> threading.Thread:
+def stream_in_thread(
+    url: str, body: dict, results: list, first_token: threading.Event | None = None
+) -> threading.Thread:
     """Streams `body` from /generate_stream in a thread; appends ("events", [...]), ("status", code)
     or ("torn", error) to `results`; sets `first_token` at the first event."""
+
     def run():
         events = []
         try:
-            with httpx.Client(timeout=120, trust_env=False) as c, c.stream("POST", url + "/generate_stream",
-                                                                           json=body) as r:
+            with (
+                httpx.Client(timeout=120, trust_env=False) as c,
+                c.stream("POST", url + "/generate_stream", json=body) as r,
+            ):
                 if r.status_code != 200:
                     results.append(("status", r.status_code))
                     return
@@ -89,8 +94,15 @@ def run_until_sigterm(checkpoint, grace: str, bodies: list[dict]) -> tuple[list,
         first_token = threading.Event()
         threads = [stream_in_thread(server.url, body, results, first_token) for body in bodies]
         assert first_token.wait(60), "no token streamed"
-        wait_for(lambda: server.metric("kvserve:num_requests_running") + server.metric("kvserve:num_requests_waiting")
-                 + len(results) >= len(bodies), "every request to be in")
+        wait_for(
+            lambda: (
+                server.metric("kvserve:num_requests_running")
+                + server.metric("kvserve:num_requests_waiting")
+                + len(results)
+                >= len(bodies)
+            ),
+            "every request to be in",
+        )
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(60) == 0, server.output()
         for t in threads:

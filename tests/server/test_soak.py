@@ -1,6 +1,7 @@
 """`python -m bench.soak`, small: mixed requests under a KV budget that forces preemptions, a third of
 them dropped by the client at random points (before their first event included). No greedy output may
 differ from its solo run, and no block may stay held."""
+
 from __future__ import annotations
 
 from bench.soak import plan, soak, start_server
@@ -16,9 +17,11 @@ def test_a_short_soak_gives_no_wrong_greedy_output_and_holds_no_block(tiny_check
     prompts = build_prompts([TINY_TEXT], 4, 12, tokenizer) + build_prompts([TINY_TEXT], 4, 40, tokenizer, seed=1)
     prefix = build_prompts([TINY_TEXT], 1, 15, tokenizer, seed=2)[0] + "\n"
     requests = plan(60, prompts, prefix, drop_share=0.3, greedy_share=0.7, max_new_tokens=48, seed=0)
-    url, process = start_server(str(tiny_checkpoint), ["--kv-cache-memory", str(KV_BYTES), "--max-num-seqs", "8",
-                                                       "--threads", "1", "--device", TEST_DEVICE],
-                                tmp_path / "server.log")
+    url, process = start_server(
+        str(tiny_checkpoint),
+        ["--kv-cache-memory", str(KV_BYTES), "--max-num-seqs", "8", "--threads", "1", "--device", TEST_DEVICE],
+        tmp_path / "server.log",
+    )
     try:
         report = soak(url, process.pid, requests, concurrency=8, duration_s=600)
     finally:

@@ -3,6 +3,7 @@ decoding without it, token for token and logprob for logprob (torch.equal), for 
 sampling, penalties, prefix-cache hits, preemption, mixed batches and stop strings; rejected
 positions leave no trace. The model is the tiny random one with its embedding scaled up, so its
 distributions are peaked and it repeats itself (drafts get accepted, and rejected)."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -13,16 +14,24 @@ import torch
 from model.kv_cache import PagedKVCache, StepBatch
 from model.sampling import SamplingParams
 from server.engine import Engine
-from tests.conftest import random_model, needs_exact
+from tests.conftest import needs_exact, random_model
 
 pytestmark = needs_exact  # bit-equality across batch shapes is what the exact kernels give
 
 GREEDY = SamplingParams(max_new_tokens=60, temperature=0, ignore_eos=True)
 SAMPLED = SamplingParams(max_new_tokens=60, temperature=1.5, top_k=20, top_p=0.9, seed=3, ignore_eos=True, logprobs=3)
-PENALIZED = SamplingParams(max_new_tokens=60, temperature=0, repetition_penalty=1.2, presence_penalty=0.3,
-                           frequency_penalty=0.2, logit_bias=((7, 0.5),), ignore_eos=True)
-PENALIZED_SAMPLED = SamplingParams(max_new_tokens=60, temperature=0.8, repetition_penalty=1.1, frequency_penalty=0.1,
-                                   seed=11, ignore_eos=True)
+PENALIZED = SamplingParams(
+    max_new_tokens=60,
+    temperature=0,
+    repetition_penalty=1.2,
+    presence_penalty=0.3,
+    frequency_penalty=0.2,
+    logit_bias=((7, 0.5),),
+    ignore_eos=True,
+)
+PENALIZED_SAMPLED = SamplingParams(
+    max_new_tokens=60, temperature=0.8, repetition_penalty=1.1, frequency_penalty=0.1, seed=11, ignore_eos=True
+)
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +86,11 @@ def solo_plain(model, tokenizer, ids, params, **kw):
     return run(engine(model, tokenizer, False), [(ids, params, kw)])[0][0]
 
 
-@pytest.mark.parametrize("params", [GREEDY, SAMPLED, PENALIZED, PENALIZED_SAMPLED],
-                         ids=["greedy", "seeded-top-k-top-p", "penalties", "penalties-sampled"])
+@pytest.mark.parametrize(
+    "params",
+    [GREEDY, SAMPLED, PENALIZED, PENALIZED_SAMPLED],
+    ids=["greedy", "seeded-top-k-top-p", "penalties", "penalties-sampled"],
+)
 def test_speculative_output_equals_plain_bit_for_bit(peaked_model, tiny_tokenizer, prompt, params):
     plain = solo_plain(peaked_model, tiny_tokenizer, prompt, params)
     eng = engine(peaked_model, tiny_tokenizer, True)
@@ -133,11 +145,14 @@ def test_a_repeat_drafts_from_the_first_requests_output_and_another_salt_does_no
     for events in (first, repeat, salted):
         assert_same(events, plain)
     a, b, c = first[-1].stats, repeat[-1].stats, salted[-1].stats
-    assert b.accepted_draft_tokens >= a.accepted_draft_tokens + 15 and b.accepted_draft_tokens > 0.8 * b.draft_tokens, (a, b)
+    assert b.accepted_draft_tokens >= a.accepted_draft_tokens + 15 and b.accepted_draft_tokens > 0.8 * b.draft_tokens, (
+        a,
+        b,
+    )
     assert (c.draft_tokens, c.accepted_draft_tokens) == (a.draft_tokens, a.accepted_draft_tokens), (a, c)
     sequence = prompt + tokens(repeat)  # the engine hands a finished request's tail to the history too
     n = eng.config.ngram_history
-    assert eng.drafter.history.follow(None, sequence[-n - 1:-1], 1) == [sequence[-1]]
+    assert eng.drafter.history.follow(None, sequence[-n - 1 : -1], 1) == [sequence[-1]]
     off = engine(peaked_model, tiny_tokenizer, True, ngram_history=0)  # the control: without the history
     run(off, [(prompt, SAMPLED, {})])
     (again,), _ = run(off, [(prompt, SAMPLED, {})])
@@ -152,7 +167,7 @@ def test_blocks_holding_only_rejected_drafts_never_enter_the_prefix_cache(peaked
     bs = eng.blocks.block_size
     for block, cached in enumerate(eng.blocks.block_tokens):
         if cached is not None:  # every cached block holds a run of the sequence's own tokens at its place
-            i = next(i for i in range(0, len(sequence), bs) if tuple(sequence[i:i + bs]) == cached)
+            i = next(i for i in range(0, len(sequence), bs) if tuple(sequence[i : i + bs]) == cached)
             assert i + bs <= len(sequence), f"block {block} caches tokens past the end of the sequence"
 
 
@@ -183,9 +198,14 @@ def test_a_request_cancelled_mid_draft_leaks_no_block(peaked_model, tiny_tokeniz
 
 
 def test_a_mixed_batch_gives_each_request_its_plain_output(peaked_model, tiny_tokenizer, prompt):
-    requests = [(prompt, GREEDY, {}), (prompt[3:], SAMPLED, {"speculative": False}), (prompt[5:], SAMPLED, {}),
-                (prompt[1:], PENALIZED, {}), (prompt[2:], GREEDY, {"use_cache": False}),
-                (prompt[4:], GREEDY, {"speculative": False})]
+    requests = [
+        (prompt, GREEDY, {}),
+        (prompt[3:], SAMPLED, {"speculative": False}),
+        (prompt[5:], SAMPLED, {}),
+        (prompt[1:], PENALIZED, {}),
+        (prompt[2:], GREEDY, {"use_cache": False}),
+        (prompt[4:], GREEDY, {"speculative": False}),
+    ]
     eng = engine(peaked_model, tiny_tokenizer, True)
     results, _ = run(eng, requests)
     for (ids, params, kw), r in zip(requests, results):
@@ -201,8 +221,8 @@ def test_a_stop_string_inside_an_accepted_draft_ends_where_plain_decoding_ends(p
     (free,), per_step = run(eng, [(ids, GREEDY, {})])
     # a stop string made of a token that arrives late, in a step that gave several tokens at once
     multi = [i for i, n in enumerate(per_step[0]) if n > 2]
-    at = sum(per_step[0][:multi[-1]]) + 1  # the second token of that step: an accepted draft token
-    text = tiny_tokenizer.decode(tokens(free)[:at + 1])
+    at = sum(per_step[0][: multi[-1]]) + 1  # the second token of that step: an accepted draft token
+    text = tiny_tokenizer.decode(tokens(free)[: at + 1])
     stop_text = next(text[-n:] for n in range(1, len(text) + 1) if text.find(text[-n:]) == len(text) - n)
     params = SamplingParams(max_new_tokens=60, temperature=0, ignore_eos=True, stop=(stop_text,))
     (spec,), spec_steps = run(engine(peaked_model, tiny_tokenizer, True), [(ids, params, {})])
@@ -224,10 +244,13 @@ def verify_rows_and_single_rows(model, n_tokens: int = 40, k: int = 4) -> tuple[
     blocks = list(range(8))
     cache = PagedKVCache(model.config, 8, 16)
     model.forward_step(StepBatch.build([(ids[:n_tokens], 0, blocks)], 16), cache)
-    together = model.compute_logits(model.forward_step(StepBatch.build([(ids[n_tokens:], n_tokens, blocks)], 16),
-                                                       cache))  # (K + 1, V)
-    alone = [model.compute_logits(model.forward_step(StepBatch.build([([ids[p]], p, blocks)], 16), cache))
-             for p in range(n_tokens, n_tokens + k + 1)]
+    together = model.compute_logits(
+        model.forward_step(StepBatch.build([(ids[n_tokens:], n_tokens, blocks)], 16), cache)
+    )  # (K + 1, V)
+    alone = [
+        model.compute_logits(model.forward_step(StepBatch.build([([ids[p]], p, blocks)], 16), cache))
+        for p in range(n_tokens, n_tokens + k + 1)
+    ]
     return together, torch.cat(alone)
 
 
@@ -238,6 +261,7 @@ def test_verify_rows_equal_one_row_decodes_bit_for_bit_with_the_exact_kernels(pe
 
 def test_negative_control_torch_stock_kernels_do_not_give_verify_rows_the_same_bits(tiny_tokenizer):
     from model.config import GPTConfig
+
     config = GPTConfig(vocab_size=tiny_tokenizer.vocab_size, n_positions=128, n_embd=256, n_layer=2, n_head=4)
     together, alone = verify_rows_and_single_rows(random_model(config, kernels_name="stock"))
     assert torch.allclose(together, alone, atol=1e-4), "the stock path is wrong, not merely inexact"
@@ -248,17 +272,27 @@ def test_the_server_speculates_on_request_and_reports_accepted_drafts(peaked_mod
     from model.checkpoint import save_checkpoint
     from tests.server.conftest import serve
 
-    server = serve(save_checkpoint(peaked_model, tiny_tokenizer, tmp_path / "peaked"), speculative="ngram",
-                   max_num_seqs=4)
+    server = serve(
+        save_checkpoint(peaked_model, tiny_tokenizer, tmp_path / "peaked"), speculative="ngram", max_num_seqs=4
+    )
     try:
         inputs = "the slings and arrows of outrageous fortune, " * 4
         body = {"inputs": inputs, "parameters": {"max_new_tokens": 40, "details": True, "ignore_eos": True}}
         with server.client() as c:
             spec = c.post("/generate", json=body).json()
-            plain = c.post("/generate", json={**body, "parameters": {**body["parameters"], "speculative": False}}
-                           ).json()
-            completion = c.post("/v1/completions", json={"prompt": inputs, "max_tokens": 40, "temperature": 0,
-                                                         "ignore_eos": True, "cache_salt": "its own"}).json()
+            plain = c.post(
+                "/generate", json={**body, "parameters": {**body["parameters"], "speculative": False}}
+            ).json()
+            completion = c.post(
+                "/v1/completions",
+                json={
+                    "prompt": inputs,
+                    "max_tokens": 40,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "cache_salt": "its own",
+                },
+            ).json()
         assert spec["generated_text"] == plain["generated_text"] == completion["choices"][0]["text"]
         assert [t["logprob"] for t in spec["details"]["tokens"]] == [t["logprob"] for t in plain["details"]["tokens"]]
         assert spec["details"]["accepted_draft_tokens"] > 20 and plain["details"]["accepted_draft_tokens"] == 0

@@ -1,5 +1,6 @@
 """A stream's events that reach the server together leave in one body chunk (server/api/sse.py `guarded`):
 the client reads the same SSE events, in fewer writes."""
+
 import asyncio
 from types import SimpleNamespace
 
@@ -18,8 +19,14 @@ LONG_MS = 600_000.0  # no request outlasts it: a request's tokens after its firs
 TOKENS = 12
 STREAMS = {  # route -> a streamed request of TOKENS tokens
     "/generate_stream": {"inputs": "To be, or not", "parameters": {"max_new_tokens": TOKENS, "ignore_eos": True}},
-    "/v1/completions": {"prompt": "To be, or not", "max_tokens": TOKENS, "ignore_eos": True, "stream": True,
-                        "temperature": 0, "logprobs": 0},
+    "/v1/completions": {
+        "prompt": "To be, or not",
+        "max_tokens": TOKENS,
+        "ignore_eos": True,
+        "stream": True,
+        "temperature": 0,
+        "logprobs": 0,
+    },
 }
 
 
@@ -37,12 +44,14 @@ class BodyWrites:
             if message["type"] == "http.response.body" and message.get("body"):
                 self.writes.append(message["body"])
             await send(message)
+
         await self.app(scope, receive, recording)
 
 
 def stream_writes(checkpoint, interval_ms: float, route: str) -> tuple[list[dict | str], int]:
-    args = EngineArgs(checkpoint=checkpoint, device=TEST_DEVICE,
-                      config=EngineConfig(threads=1, stream_interval_ms=interval_ms))
+    args = EngineArgs(
+        checkpoint=checkpoint, device=TEST_DEVICE, config=EngineConfig(threads=1, stream_interval_ms=interval_ms)
+    )
     app = BodyWrites(create_app(lambda: Engine.from_args(args), model_name="tiny"))
     server = LiveServer(app).start()
     try:
@@ -77,14 +86,16 @@ def test_tokens_that_arrive_together_leave_in_one_write_and_read_the_same(tiny_c
 def _completions(tokenizer, events):
     body = CompletionRequest(prompt="x", stream=True)
     head = CompletionResponse(id="cmpl-test", created=0, model="tiny", choices=[])
-    return _completion_events(events, head, body, [[1]], ["x"], LogprobsBuilder(SimpleNamespace(tokenizer=tokenizer),
-                                                                                 None), None)
+    return _completion_events(
+        events, head, body, [[1]], ["x"], LogprobsBuilder(SimpleNamespace(tokenizer=tokenizer), None), None
+    )
 
 
 def _chat(tokenizer, events):
     body = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], stream=True)
-    return _chat_events(SimpleNamespace(tokenizer=tokenizer), events, dict(id="chatcmpl-test", created=0, model="tiny"),
-                        body, [1])
+    return _chat_events(
+        SimpleNamespace(tokenizer=tokenizer), events, dict(id="chatcmpl-test", created=0, model="tiny"), body, [1]
+    )
 
 
 @pytest.mark.parametrize("route", [_completions, _chat])

@@ -1,6 +1,7 @@
 """Bad process input ends `python -m server` at once, so a supervisor sees it (issue 23): a bad flag value
 exits 2 before anything loads; a checkpoint that cannot be loaded exits 1 with one line saying why and no
 traceback (unless --log-level debug), never leaving an unhealthy process holding its port."""
+
 from __future__ import annotations
 
 import shutil
@@ -21,8 +22,20 @@ def run_server(checkpoint: Path, *flags: str) -> subprocess.CompletedProcess:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "server", "--checkpoint", str(checkpoint), "--port", str(port),
-           "--device", TEST_DEVICE, "--threads", "1", *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "server",
+        "--checkpoint",
+        str(checkpoint),
+        "--port",
+        str(port),
+        "--device",
+        TEST_DEVICE,
+        "--threads",
+        "1",
+        *flags,
+    ]
     try:
         return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=GUARD_S)
     except subprocess.TimeoutExpired as e:
@@ -39,11 +52,14 @@ def error_lines(result: subprocess.CompletedProcess) -> list[str]:
     return [line for line in result.stderr.splitlines() if "error" in line.lower()]
 
 
-@pytest.mark.parametrize("flags,messages", [
-    (["--dtype", "f32"], ["unknown dtype 'f32'"]),
-    (["--kv-cache-memory", "1"], ["the KV cache holds 0 blocks", "raise --kv-cache-memory"]),
-    (["--dtype", "bfloat16", "--kv-cache-dtype", "float32"], ["a float32 KV cache under a bfloat16 model"]),
-])
+@pytest.mark.parametrize(
+    "flags,messages",
+    [
+        (["--dtype", "f32"], ["unknown dtype 'f32'"]),
+        (["--kv-cache-memory", "1"], ["the KV cache holds 0 blocks", "raise --kv-cache-memory"]),
+        (["--dtype", "bfloat16", "--kv-cache-dtype", "float32"], ["a float32 KV cache under a bfloat16 model"]),
+    ],
+)
 def test_a_bad_flag_value_exits_2_before_anything_loads(tiny_checkpoint, flags, messages):
     result = run_server(tiny_checkpoint, *flags)
     assert result.returncode == 2, result.stderr
@@ -52,10 +68,13 @@ def test_a_bad_flag_value_exits_2_before_anything_loads(tiny_checkpoint, flags, 
     assert "Traceback" not in result.stderr and "Uvicorn running" not in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize("damage,message", [
-    ("corrupt_config", "config.json is not valid JSON"),
-    ("truncated_weights", "model.safetensors cannot be read"),
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        ("corrupt_config", "config.json is not valid JSON"),
+        ("truncated_weights", "model.safetensors cannot be read"),
+    ],
+)
 def test_an_unloadable_checkpoint_exits_1_with_one_line_and_no_traceback(tiny_checkpoint, tmp_path, damage, message):
     directory = copy_of(tiny_checkpoint, tmp_path)
     if damage == "corrupt_config":

@@ -1,4 +1,5 @@
 """The step budget: the cost model it fits, and the prompt tokens it allows (synthetic timings only)."""
+
 from __future__ import annotations
 
 import pytest

@@ -2,6 +2,7 @@
 
 The scheduler runs alone (no model): a step's update is played by `advance`, and time by a fake clock.
 """
+
 from __future__ import annotations
 
 import httpx
@@ -28,15 +29,16 @@ class Clock:
         return self.now
 
 
-def make_scheduler(target_ms: float | None = 20.0, cap: int = 512, max_num_seqs: int = 64,
-                   num_blocks: int = 4096) -> tuple[Scheduler, Clock]:
+def make_scheduler(
+    target_ms: float | None = 20.0, cap: int = 512, max_num_seqs: int = 64, num_blocks: int = 4096
+) -> tuple[Scheduler, Clock]:
     model = StepCostModel()
     model.costs = COSTS
     clock = Clock()
-    budget = StepBudget(cap, min_prompt_tokens=4, target_s=None if target_ms is None else target_ms / 1000,
-                        model=model)
-    return Scheduler(BlockManager(num_blocks, 16), budget, max_num_seqs=max_num_seqs, max_waiting=1000,
-                     clock=clock), clock
+    budget = StepBudget(cap, min_prompt_tokens=4, target_s=None if target_ms is None else target_ms / 1000, model=model)
+    return Scheduler(
+        BlockManager(num_blocks, 16), budget, max_num_seqs=max_num_seqs, max_waiting=1000, clock=clock
+    ), clock
 
 
 def request(sched: Scheduler, clock: Clock, prompt_tokens: int, new_tokens: int = 1000) -> Request:
@@ -123,7 +125,7 @@ def test_a_long_prompt_is_served_within_a_bound_under_a_stream_of_short_ones():
     decoding(sched, clock, 4)
     long_ = request(sched, clock, 200)
     step_s = 0.02
-    for step in range(1000):
+    for step in range(1000):  # noqa: B007 (read after the loop)
         for _ in range(4):  # 32 prompt tokens a step, against 28 allowed
             request(sched, clock, 8, new_tokens=1)
         out = sched.schedule()

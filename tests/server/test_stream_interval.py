@@ -1,5 +1,6 @@
 """`--stream-interval-ms`: the engine wakes an event loop at most once per interval, except for a request's
 first and last events, a step with prompt work, and an engine going idle (server/engine/sinks.py)."""
+
 import asyncio
 import time
 
@@ -40,7 +41,8 @@ def recording():
 
 
 def test_held_events_go_with_a_requests_first_or_last_event_or_before_a_step_with_prompt_work(
-        tiny_model, tiny_tokenizer, recording):
+    tiny_model, tiny_tokenizer, recording
+):
     eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=4, threads=1, stream_interval_ms=LONG_MS)  # stepped here
     a = tiny_tokenizer.encode("To be, or not")
     eng.submit(a, SamplingParams(max_new_tokens=8, temperature=0, ignore_eos=True), recording.sink(), request_id="a")
@@ -49,8 +51,12 @@ def test_held_events_go_with_a_requests_first_or_last_event_or_before_a_step_wit
     eng.step()
     eng.step()  # two decode steps: held
     assert len(recording.wakeups) == 1 and eng.handover.holding
-    eng.submit(tiny_tokenizer.encode("the question"), SamplingParams(max_new_tokens=2, temperature=0),
-               recording.sink(), request_id="b")
+    eng.submit(
+        tiny_tokenizer.encode("the question"),
+        SamplingParams(max_new_tokens=2, temperature=0),
+        recording.sink(),
+        request_id="b",
+    )
     eng.step()  # b's prompt: a's two held tokens go before it runs, then b's first with a's next
     assert [[o.request_id for o in w] for w in recording.wakeups] == [["a"], ["a", "a"], ["a", "b"]]
     while eng.scheduler.has_work():
@@ -63,7 +69,8 @@ def test_held_events_go_with_a_requests_first_or_last_event_or_before_a_step_wit
 
 
 def test_with_an_interval_the_loop_is_woken_a_few_times_instead_of_every_step_and_the_tokens_are_unchanged(
-        tiny_model, tiny_tokenizer):
+    tiny_model, tiny_tokenizer
+):
     prompts = [tiny_tokenizer.encode(t) for t in ("To be", "or not to be", "that is", "the question")]
 
     def run(interval_ms: float) -> tuple[list[list[int]], int]:
@@ -106,11 +113,13 @@ def test_each_requests_first_event_goes_at_once_when_requests_share_a_sink(tiny_
     eng.submit(tiny_tokenizer.encode("the question"), GREEDY, shared, request_id="b")
     eng.step()  # a's held token goes before b's prompt; b's first token, on the same sink, goes at once
     assert [[(o.request_id, o.index) for o in w] for w in recording.wakeups] == [
-        [("a", 1)], [("a", 2)], [("a", 3), ("b", 1)]]
+        [("a", 1)],
+        [("a", 2)],
+        [("a", 3), ("b", 1)],
+    ]
 
 
-def test_what_is_held_goes_on_flush_and_when_the_engine_has_nothing_left_to_step(
-        tiny_model, tiny_tokenizer, recording):
+def test_what_is_held_goes_on_flush_and_when_the_engine_has_nothing_left_to_step(tiny_model, tiny_tokenizer, recording):
     first, then = (TokenOutput(rid, 1, 7, "a", 0.0, False, None) for rid in ("x", "y"))
 
     def hold_two(handover: LoopHandover) -> None:  # `first` wakes the loop; `then` waits out the interval

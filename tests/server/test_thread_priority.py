@@ -1,4 +1,5 @@
 """The engine thread's niceness: set on the compute threads only, so the threads that stream run first."""
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,11 @@ def test_the_engine_lowers_its_compute_threads_and_no_other(tiny_model, tiny_tok
     eng = Engine(tiny_model, tiny_tokenizer, threads=2, engine_niceness=3).start()
     try:
         done = threading.Event()
-        eng.submit(tiny_tokenizer.encode("To be"), SamplingParams(max_new_tokens=4, temperature=0),
-                   lambda out: out.finished and done.set())
+        eng.submit(
+            tiny_tokenizer.encode("To be"),
+            SamplingParams(max_new_tokens=4, temperature=0),
+            lambda out: out.finished and done.set(),
+        )
         assert done.wait(60)
         nice = nice_of_threads()
         assert nice[eng._thread.native_id] == min(19, base + 3)

@@ -1,5 +1,6 @@
 // The pool's controls, and the version the Python loader checks the library against.
 #include "api.h"
+
 #include "linear_q8_amx.h"
 #include "thread_pool.h"
 
@@ -25,5 +26,4 @@ int64_t kv_features() {
   if (kv::amx_int8_built_and_granted()) features |= KV_FEATURE_AMX_INT8;
   return features;
 }
-
 }

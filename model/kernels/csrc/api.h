@@ -28,9 +28,9 @@ enum {
 
 // How a product's weight is stored (model/kernels/exact.py and int8.py pack them).
 enum {
-  KV_WEIGHT_F32 = 0,   // float32, (groups, 4, K, 16): strips of 16 columns, k-major
-  KV_WEIGHT_BF16 = 1,  // bfloat16, the same layout
-  KV_WEIGHT_INT8 = 2,  // int8, (groups, 4, K / 4, 16, 4): k in quads, for VNNI; per-column scales
+  KV_WEIGHT_F32 = 0,         // float32, (groups, 4, K, 16): strips of 16 columns, k-major
+  KV_WEIGHT_BF16 = 1,        // bfloat16, the same layout
+  KV_WEIGHT_INT8 = 2,        // int8, (groups, 4, K / 4, 16, 4): k in quads, for VNNI; per-column scales
   KV_WEIGHT_BF16_PAIRS = 3,  // bfloat16, (groups, 4, K / 2, 16, 2): k in pairs, for vdpbf16ps
 };
 
@@ -39,7 +39,7 @@ enum {
   KV_FEATURE_AVX512F = 1,     // 16-lane float32 products
   KV_FEATURE_AVX512BF16 = 2,  // vdpbf16ps for bfloat16 weights
   KV_FEATURE_AVX512VNNI = 4,  // vpdpbusd for int8 weights
-  KV_FEATURE_AMX_INT8 = 8,     // AMX tiles (tdpbusd) for int8 weights, granted by the OS to this process
+  KV_FEATURE_AMX_INT8 = 8,    // AMX tiles (tdpbusd) for int8 weights, granted by the OS to this process
 };
 
 // One product's packed weight, its float32 bias (zeros where the layer has none) and, for int8,
@@ -94,8 +94,8 @@ int kv_set_amx(int enabled);
 // w.n_out). ln_weight, ln_bias: (K,) float32, a layer norm applied to each input row first, or null.
 // residual may be y itself (an in-place x += ...). int8 weights take float32 activations. Returns 0,
 // or -1 for a dtype and weight format that do not go together or that this build lacks.
-int kv_linear(const kv_weight* w, int dtype, const void* x, int64_t rows, void* y, int epilogue,
-              const void* residual, const float* ln_weight, const float* ln_bias, float ln_eps);
+int kv_linear(const kv_weight* w, int dtype, const void* x, int64_t rows, void* y, int epilogue, const void* residual,
+              const float* ln_weight, const float* ln_bias, float ln_eps);
 
 // out[i] = wte[ids[i]] + wpe[positions[i]] (csrc/embedding.cpp).
 int kv_embed(int dtype, const int64_t* ids, const int64_t* positions, int64_t n, const void* wte, const void* wpe,
@@ -118,5 +118,4 @@ int kv_forward(const kv_model* m, void* const* cache_layers, int64_t block_size,
 
 // The greedy pick and log-normalizer of each row of float32 logits (csrc/sampling.cpp).
 void kv_greedy(const float* logits, int64_t rows, int64_t V, double* out, int64_t out_stride, float* lse);
-
 }

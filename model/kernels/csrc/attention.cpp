@@ -39,14 +39,17 @@ struct Step {
   const int32_t* seq_lens;      // (seqs,) keys of each sequence after this step (its last position + 1)
   const int32_t* block_tables;  // (rows, max_blocks) block ids
   int64_t block_table_stride;
-  const int32_t* seq_rows;      // (seqs,) each sequence's row in block_tables
+  const int32_t* seq_rows;  // (seqs,) each sequence's row in block_tables
   float scale;
 };
 
 // A value as the cache stores it: unchanged in the step's own type, else rounded to nearest even.
-template <typename C, typename T> inline C to_cache(T v) {
-  if constexpr (std::is_same_v<C, T>) return v;
-  else return from_f32<C>(to_f32(v));
+template <typename C, typename T>
+inline C to_cache(T v) {
+  if constexpr (std::is_same_v<C, T>)
+    return v;
+  else
+    return from_f32<C>(to_f32(v));
 }
 
 template <typename T, typename C>
@@ -132,10 +135,17 @@ void attend_one(const T* q_in, const KV* cache, const int32_t* blocks, int64_t n
     }
   }
   switch (pending) {
-    case 1: score_groups<1, hd>(q, group_keys, bs, group_out, scale); break;
-    case 2: score_groups<2, hd>(q, group_keys, bs, group_out, scale); break;
-    case 3: score_groups<3, hd>(q, group_keys, bs, group_out, scale); break;
-    default: break;
+    case 1:
+      score_groups<1, hd>(q, group_keys, bs, group_out, scale);
+      break;
+    case 2:
+      score_groups<2, hd>(q, group_keys, bs, group_out, scale);
+      break;
+    case 3:
+      score_groups<3, hd>(q, group_keys, bs, group_out, scale);
+      break;
+    default:
+      break;
   }
   // keys past n (the rest of the last block) count for nothing: -inf scores, never a value read
   for (int64_t j = n; j < padded; ++j) sc[j] = -INFINITY;
@@ -178,14 +188,21 @@ void attend_one(const T* q_in, const KV* cache, const int32_t* blocks, int64_t n
 template <typename T, typename KV>
 using AttendFn = void (*)(const T*, const KV*, const int32_t*, int64_t, int64_t, const Step&, std::vector<float>&, T*);
 
-template <typename T, typename KV> AttendFn<T, KV> attend_for(int64_t head_dim) {
+template <typename T, typename KV>
+AttendFn<T, KV> attend_for(int64_t head_dim) {
   switch (head_dim) {
-    case 8: return attend_one<1, T, KV>;
-    case 16: return attend_one<2, T, KV>;
-    case 32: return attend_one<4, T, KV>;
-    case 64: return attend_one<8, T, KV>;
-    case 128: return attend_one<16, T, KV>;
-    default: return nullptr;
+    case 8:
+      return attend_one<1, T, KV>;
+    case 16:
+      return attend_one<2, T, KV>;
+    case 32:
+      return attend_one<4, T, KV>;
+    case 64:
+      return attend_one<8, T, KV>;
+    case 128:
+      return attend_one<16, T, KV>;
+    default:
+      return nullptr;
   }
 }
 
@@ -223,8 +240,8 @@ int kv_paged_attention(int dtype, int cache_dtype, const void* qkv, int64_t toke
                        const int32_t* query_start, const int32_t* seq_lens, const int32_t* block_tables,
                        int64_t block_table_stride, const int32_t* seq_rows, float scale, void* out) {
   using kv::bf16;
-  const kv::Step s{tokens, heads, head_dim, block_size, slot_mapping, seqs, query_start, seq_lens, block_tables,
-                   block_table_stride, seq_rows, scale};
+  const kv::Step s{tokens,      heads,    head_dim,     block_size,         slot_mapping, seqs,
+                   query_start, seq_lens, block_tables, block_table_stride, seq_rows,     scale};
   if (kv::attend_for<float, float>(head_dim) == nullptr || block_size % 8 != 0) return -1;
   if (dtype == KV_DTYPE_F32 && cache_dtype == KV_DTYPE_F32)
     kv::paged_attention(static_cast<const float*>(qkv), static_cast<float*>(cache), s, static_cast<float*>(out));
@@ -236,5 +253,4 @@ int kv_paged_attention(int dtype, int cache_dtype, const void* qkv, int64_t toke
     return -1;
   return 0;
 }
-
 }

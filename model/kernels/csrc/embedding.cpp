@@ -16,8 +16,9 @@ void embed(const int64_t* ids, const int64_t* positions, int64_t n, const T* wte
       T* y = out + i * C;
       int64_t j = 0;
       for (; j + 8 <= C; j += 8) store8(y + j, _mm256_add_ps(load8(a + j), load8(b + j)));
-      if (j < C) store_partial(y + j, _mm256_add_ps(load_partial(a + j, int(C - j)), load_partial(b + j, int(C - j))),
-                               int(C - j));
+      if (j < C)
+        store_partial(y + j, _mm256_add_ps(load_partial(a + j, int(C - j)), load_partial(b + j, int(C - j))),
+                      int(C - j));
     }
   });
 }
@@ -39,5 +40,4 @@ int kv_embed(int dtype, const int64_t* ids, const int64_t* positions, int64_t n,
     return -1;
   return 0;
 }
-
 }

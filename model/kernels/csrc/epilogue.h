@@ -10,10 +10,11 @@
 
 namespace kv {
 
-template <typename T> struct Output {
-  T* y;                // (rows, O)
-  const T* residual;   // (rows, O) or null
-  const float* bias;   // (O padded to the group), float32
+template <typename T>
+struct Output {
+  T* y;               // (rows, O)
+  const T* residual;  // (rows, O) or null
+  const float* bias;  // (O padded to the group), float32
   int64_t O;
   int epilogue;
 };
@@ -38,8 +39,10 @@ inline void finish(const Output<T>& out, int64_t row, int64_t col, __m256 acc[R]
       const int64_t at = (row + r) * out.O + o;
       if (out.epilogue == KV_EPILOGUE_RESIDUAL)
         v = _mm256_add_ps(n == 8 ? load8(out.residual + at) : load_partial(out.residual + at, n), v);
-      if (n == 8) store8(out.y + at, v);
-      else store_partial(out.y + at, v, n);
+      if (n == 8)
+        store8(out.y + at, v);
+      else
+        store_partial(out.y + at, v, n);
     }
   }
 }

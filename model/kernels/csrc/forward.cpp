@@ -30,13 +30,12 @@ int kv_forward(const kv_model* m, void* const* cache_layers, int64_t block_size,
     const kv_layer& w = m->layers[l];
     failed |= kv_linear(&w.c_attn, dtype, x, tokens, qkv, KV_EPILOGUE_NONE, nullptr, w.ln_1, w.ln_1 + C, m->eps);
     failed |= kv_paged_attention(dtype, int(m->cache_dtype), qkv, tokens, m->n_head, hd, cache_layers[l], block_size,
-                                 slot_mapping, seqs, query_start, seq_lens, block_tables, block_table_stride,
-                                 seq_rows, scale, attended);
+                                 slot_mapping, seqs, query_start, seq_lens, block_tables, block_table_stride, seq_rows,
+                                 scale, attended);
     failed |= kv_linear(&w.attn_proj, dtype, attended, tokens, x, KV_EPILOGUE_RESIDUAL, x, nullptr, nullptr, 0.0f);
     failed |= kv_linear(&w.c_fc, dtype, x, tokens, hidden, KV_EPILOGUE_GELU, nullptr, w.ln_2, w.ln_2 + C, m->eps);
     failed |= kv_linear(&w.mlp_proj, dtype, hidden, tokens, x, KV_EPILOGUE_RESIDUAL, x, nullptr, nullptr, 0.0f);
   }
   return failed ? -1 : 0;
 }
-
 }

@@ -29,8 +29,8 @@ inline void layer_norm_row(const T* x, int64_t n, const float* weight, const flo
     sq = _mm256_add_ps(sq, _mm256_mul_ps(d, d));
   }
   if (tail) {
-    const __m256 lanes = _mm256_castsi256_ps(
-        _mm256_cmpgt_epi32(_mm256_set1_epi32(tail), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    const __m256 lanes =
+        _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(tail), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
     const __m256 d = _mm256_and_ps(_mm256_sub_ps(load_partial(x + full, tail), mv), lanes);
     sq = _mm256_add_ps(sq, _mm256_mul_ps(d, d));
   }

@@ -25,8 +25,8 @@
 namespace kv {
 namespace {
 
-constexpr int64_t kGroup = 64;     // columns per packed group: one task
-constexpr int64_t kStrip = 16;     // columns per strip: two vectors
+constexpr int64_t kGroup = 64;  // columns per packed group: one task
+constexpr int64_t kStrip = 16;  // columns per strip: two vectors
 constexpr int64_t kStrips = kGroup / kStrip;
 constexpr int64_t kRowTile = 6;    // rows sharing each weight load, at most
 constexpr int64_t kRowBlock = 96;  // rows per task when there are many (a multiple of kRowTile)
@@ -125,12 +125,24 @@ template <typename W, typename T>
 void run_rows(const float* x, int64_t K, const W* wg, const Output<T>& out, int64_t row, int64_t rows, int64_t col) {
   for (int64_t r = row; r < row + rows; r += kRowTile) {
     switch (std::min<int64_t>(kRowTile, row + rows - r)) {
-      case 1: rows_by_group<1>(x, K, wg, out, r, col); break;
-      case 2: rows_by_group<2>(x, K, wg, out, r, col); break;
-      case 3: rows_by_group<3>(x, K, wg, out, r, col); break;
-      case 4: rows_by_group<4>(x, K, wg, out, r, col); break;
-      case 5: rows_by_group<5>(x, K, wg, out, r, col); break;
-      default: rows_by_group<6>(x, K, wg, out, r, col); break;
+      case 1:
+        rows_by_group<1>(x, K, wg, out, r, col);
+        break;
+      case 2:
+        rows_by_group<2>(x, K, wg, out, r, col);
+        break;
+      case 3:
+        rows_by_group<3>(x, K, wg, out, r, col);
+        break;
+      case 4:
+        rows_by_group<4>(x, K, wg, out, r, col);
+        break;
+      case 5:
+        rows_by_group<5>(x, K, wg, out, r, col);
+        break;
+      default:
+        rows_by_group<6>(x, K, wg, out, r, col);
+        break;
     }
   }
 }
@@ -146,9 +158,8 @@ void linear(const X* x_in, int64_t rows, int64_t K, const W* w, const float* bia
     if (scratch.size() < size_t(rows * K)) scratch.resize(size_t(rows * K));
     float* s = scratch.data();
     if (norm.weight != nullptr) {
-      ThreadPool::instance().run(rows, [&](int64_t r) {
-        layer_norm_row(x_in + r * K, K, norm.weight, norm.bias, norm.eps, s + r * K);
-      });
+      ThreadPool::instance().run(
+          rows, [&](int64_t r) { layer_norm_row(x_in + r * K, K, norm.weight, norm.bias, norm.eps, s + r * K); });
     } else {
       for (int64_t i = 0; i < rows * K; ++i) s[i] = to_f32(x_in[i]);
     }
@@ -172,8 +183,8 @@ void linear(const X* x_in, int64_t rows, int64_t K, const W* w, const float* bia
 
 extern "C" {
 
-int kv_linear(const kv_weight* w, int dtype, const void* x, int64_t rows, void* y, int epilogue,
-              const void* residual, const float* ln_weight, const float* ln_bias, float ln_eps) {
+int kv_linear(const kv_weight* w, int dtype, const void* x, int64_t rows, void* y, int epilogue, const void* residual,
+              const float* ln_weight, const float* ln_bias, float ln_eps) {
   using kv::bf16;
   const kv::Norm norm{ln_weight, ln_bias, ln_eps};
   const int64_t K = w->n_in, O = w->n_out;
@@ -209,5 +220,4 @@ int kv_linear(const kv_weight* w, int dtype, const void* x, int64_t rows, void* 
       return -1;
   }
 }
-
 }

@@ -10,11 +10,12 @@
 //
 // Weights (model/kernels/exact.py, KV_WEIGHT_BF16_PAIRS): groups of 64 columns, each four strips of
 // 16 columns with k in pairs, (groups, 4, K/2, 16, 2): one 64-byte line per strip per pair of k.
+#include "linear_bf16.h"
+
 #include <cstring>
 #include <vector>
 
 #include "layer_norm.h"
-#include "linear_bf16.h"
 #include "thread_pool.h"
 
 namespace kv {
@@ -34,8 +35,7 @@ inline int32_t pair(const bf16* p) {
 }
 
 template <int R, typename T>
-inline void rows_by_group(const bf16* x, int64_t Kp, const bf16* wg, const Output<T>& out, int64_t row,
-                          int64_t col) {
+inline void rows_by_group(const bf16* x, int64_t Kp, const bf16* wg, const Output<T>& out, int64_t row, int64_t col) {
   const int64_t pairs = Kp / 2;
   __m512 acc[R][kStrips];
 #pragma GCC unroll 8
@@ -66,8 +66,7 @@ inline void rows_by_group(const bf16* x, int64_t Kp, const bf16* wg, const Outpu
 }
 
 template <typename T>
-void linear(const kv_weight& w, const bf16* x, int64_t rows, T* y, int epilogue, const T* residual,
-            const Norm& norm) {
+void linear(const kv_weight& w, const bf16* x, int64_t rows, T* y, int epilogue, const T* residual, const Norm& norm) {
   const int64_t K = w.n_in, O = w.n_out, Kp = (K + 1) / 2 * 2;
   thread_local std::vector<bf16> scratch;
   if (scratch.size() < size_t(rows * Kp)) scratch.resize(size_t(rows * Kp));
@@ -96,12 +95,24 @@ void linear(const kv_weight& w, const bf16* x, int64_t rows, T* y, int epilogue,
     const int64_t col = g * kGroup;
     for (int64_t r = first; r < end; r += kRowTile) {
       switch (std::min<int64_t>(kRowTile, end - r)) {
-        case 1: rows_by_group<1>(xs, Kp, wg, out, r, col); break;
-        case 2: rows_by_group<2>(xs, Kp, wg, out, r, col); break;
-        case 3: rows_by_group<3>(xs, Kp, wg, out, r, col); break;
-        case 4: rows_by_group<4>(xs, Kp, wg, out, r, col); break;
-        case 5: rows_by_group<5>(xs, Kp, wg, out, r, col); break;
-        default: rows_by_group<6>(xs, Kp, wg, out, r, col); break;
+        case 1:
+          rows_by_group<1>(xs, Kp, wg, out, r, col);
+          break;
+        case 2:
+          rows_by_group<2>(xs, Kp, wg, out, r, col);
+          break;
+        case 3:
+          rows_by_group<3>(xs, Kp, wg, out, r, col);
+          break;
+        case 4:
+          rows_by_group<4>(xs, Kp, wg, out, r, col);
+          break;
+        case 5:
+          rows_by_group<5>(xs, Kp, wg, out, r, col);
+          break;
+        default:
+          rows_by_group<6>(xs, Kp, wg, out, r, col);
+          break;
       }
     }
   });

@@ -12,12 +12,13 @@
 // strips of 16 columns with k in quads, (groups, 4, K/4, 16, 4): one 64-byte line per strip per quad.
 // vpdpbusd multiplies 4 unsigned bytes of x (q + 128) by the 4 signed bytes of each of 16 columns and
 // adds the four products to the column's int32 lane; offset[o] = 128 * sum_k W[k][o] removes the shift.
+#include "linear_q8.h"
+
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "layer_norm.h"
-#include "linear_q8.h"
 #include "linear_q8_amx.h"
 #include "thread_pool.h"
 
@@ -27,8 +28,8 @@ namespace kv {
 namespace {
 
 constexpr int64_t kGroup = 64, kStrip = 16, kStrips = 4;
-constexpr int64_t kRowTile = 6;    // rows sharing each weight load: 24 accumulators + 4 weights fit 32 registers
-constexpr int64_t kRowBlock = 96;  // rows per task when there are many (a multiple of kRowTile)
+constexpr int64_t kRowTile = 6;         // rows sharing each weight load: 24 accumulators + 4 weights fit 32 registers
+constexpr int64_t kRowBlock = 96;       // rows per task when there are many (a multiple of kRowTile)
 constexpr int64_t kPrefetchAhead = 32;  // quads (cache lines of a strip) asked for ahead, for multi-row tiles
 constexpr int64_t kAmxMinRows = 4;      // from this many rows on, AMX tiles (same bits, see linear_q8_amx.cpp)
 
@@ -86,7 +87,8 @@ inline void rows_by_group(const uint8_t* q, const float* sx, int64_t Kp, const i
       const __m512i w = _mm512_loadu_si512(wk);
       if (R > 1) _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetchAhead * 64), _MM_HINT_T0);
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[r][s] = _mm512_dpbusd_epi32(acc[r][s], _mm512_set1_epi32(quad(qr + r * Kp + 4 * k)), w);
+      for (int r = 0; r < R; ++r)
+        acc[r][s] = _mm512_dpbusd_epi32(acc[r][s], _mm512_set1_epi32(quad(qr + r * Kp + 4 * k)), w);
     }
   }
   __m256 sums[R][2 * kStrips];
@@ -142,12 +144,24 @@ int linear_q8(const kv_weight& w, const float* x, int64_t rows, float* y, int ep
     for (int64_t r = first; r < end; r += kRowTile) {
       const int64_t col = g * kGroup;
       switch (std::min<int64_t>(kRowTile, end - r)) {
-        case 1: rows_by_group<1>(q, sx, Kp, wg, w.offset, w.scale, out, r, col); break;
-        case 2: rows_by_group<2>(q, sx, Kp, wg, w.offset, w.scale, out, r, col); break;
-        case 3: rows_by_group<3>(q, sx, Kp, wg, w.offset, w.scale, out, r, col); break;
-        case 4: rows_by_group<4>(q, sx, Kp, wg, w.offset, w.scale, out, r, col); break;
-        case 5: rows_by_group<5>(q, sx, Kp, wg, w.offset, w.scale, out, r, col); break;
-        default: rows_by_group<6>(q, sx, Kp, wg, w.offset, w.scale, out, r, col); break;
+        case 1:
+          rows_by_group<1>(q, sx, Kp, wg, w.offset, w.scale, out, r, col);
+          break;
+        case 2:
+          rows_by_group<2>(q, sx, Kp, wg, w.offset, w.scale, out, r, col);
+          break;
+        case 3:
+          rows_by_group<3>(q, sx, Kp, wg, w.offset, w.scale, out, r, col);
+          break;
+        case 4:
+          rows_by_group<4>(q, sx, Kp, wg, w.offset, w.scale, out, r, col);
+          break;
+        case 5:
+          rows_by_group<5>(q, sx, Kp, wg, w.offset, w.scale, out, r, col);
+          break;
+        default:
+          rows_by_group<6>(q, sx, Kp, wg, w.offset, w.scale, out, r, col);
+          break;
       }
     }
   });

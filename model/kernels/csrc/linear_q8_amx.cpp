@@ -8,11 +8,11 @@
 //     y = epilogue(float(acc - offset[o]) * (sx[r] * sw[o]) + b[o])
 // A row's outputs are therefore the same bits on either path, and in any batch.
 #include "linear_q8_amx.h"
-#include "linear_q8.h"
 
 #include <atomic>
 #include <cstring>
 
+#include "linear_q8.h"
 #include "thread_pool.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__)
@@ -53,8 +53,8 @@ void configure_tiles() {
 }
 
 // dequantize16 (linear_q8.h) and the epilogue for one row and two strips (32 columns).
-inline void finish_row(const int32_t* acc, const int32_t* offset, const float* sw, float sx,
-                       const Output<float>& out, int64_t row, int64_t col) {
+inline void finish_row(const int32_t* acc, const int32_t* offset, const float* sw, float sx, const Output<float>& out,
+                       int64_t row, int64_t col) {
   __m256 sums[1][4];
   const __m512 rs = _mm512_set1_ps(sx);
   for (int s = 0; s < 2; ++s) {
@@ -136,5 +136,4 @@ int kv_set_amx(int enabled) {
   kv::amx_allowed.store(enabled != 0);
   return kv::amx_int8_built_and_granted() ? 1 : 0;
 }
-
 }

@@ -47,5 +47,4 @@ void kv_greedy(const float* logits, int64_t rows, int64_t V, double* out, int64_
     out[out_stride * r + 2] = std::isfinite(normalizer) ? 1.0 : 0.0;
   });
 }
-
 }

@@ -39,7 +39,8 @@ class ThreadPool {
   static constexpr int64_t kMaxTasks = (int64_t(1) << 20) - 1;
 
   // Runs fn(task) for task in [0, n) across the pool; returns when all are done. n <= kMaxTasks.
-  template <typename Fn> void run(int64_t n, Fn&& fn) {
+  template <typename Fn>
+  void run(int64_t n, Fn&& fn) {
     if (n <= 0) return;
     std::unique_lock<std::mutex> guard(job_mutex_, std::try_to_lock);
     // the lock first: set_num_threads (another thread) replaces workers_ while it holds it
@@ -59,8 +60,10 @@ class ThreadPool {
     // The last tasks may be on a worker the OS has descheduled (other processes share the cores):
     // after a short spin, yield the core so that it can finish.
     for (int64_t i = 0; done_.load(std::memory_order_acquire) < n; ++i) {
-      if (i < 4096) _mm_pause();
-      else std::this_thread::yield();
+      if (i < 4096)
+        _mm_pause();
+      else
+        std::this_thread::yield();
     }
   }
 

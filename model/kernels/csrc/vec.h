@@ -34,9 +34,16 @@ inline bf16 to_bf16(float f) {
   return bf16(bits >> 16);
 }
 
-template <typename T> inline T from_f32(float f);
-template <> inline float from_f32<float>(float f) { return f; }
-template <> inline bf16 from_f32<bf16>(float f) { return to_bf16(f); }
+template <typename T>
+inline T from_f32(float f);
+template <>
+inline float from_f32<float>(float f) {
+  return f;
+}
+template <>
+inline bf16 from_f32<bf16>(float f) {
+  return to_bf16(f);
+}
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const bf16* p) {
@@ -52,12 +59,14 @@ inline void store8(bf16* p, __m256 v) {
 }
 
 // The first n (< 8) lanes: tails go through the same vector arithmetic as full vectors.
-template <typename T> inline __m256 load_partial(const T* p, int n) {
+template <typename T>
+inline __m256 load_partial(const T* p, int n) {
   alignas(32) float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int i = 0; i < n; ++i) lanes[i] = to_f32(p[i]);
   return _mm256_load_ps(lanes);
 }
-template <typename T> inline void store_partial(T* p, __m256 v, int n) {
+template <typename T>
+inline void store_partial(T* p, __m256 v, int n) {
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, v);
   for (int i = 0; i < n; ++i) p[i] = from_f32<T>(lanes[i]);
