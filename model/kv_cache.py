@@ -243,3 +243,21 @@ class PagedKVCache:
             index = torch.tensor(block_ids, device=self.device)
             for layer in self.layers:
                 layer.index_fill_(0, index, 0)
+
+
+def kv_cache_blocks(
+    config: GPTConfig,
+    block_size: int,
+    dtype: torch.dtype,
+    *,
+    num_blocks: int | None = None,
+    memory_bytes: int | None = None,
+    device: torch.device | str = "cpu",
+) -> int:
+    """The block count of a KV cache for `config`: `num_blocks` outright, else what `memory_bytes` holds
+    (None: the default size, auto_kv_cache_bytes). Every check of that size is made here: a ValueError
+    naming --kv-cache-memory when it cannot hold one context-long sequence."""
+    if not num_blocks:
+        num_blocks = PagedKVCache.blocks_for_memory(config, memory_bytes, block_size, dtype, device)
+    PagedKVCache.check_holds_a_context(config, num_blocks, block_size, dtype)
+    return num_blocks

@@ -27,7 +27,7 @@ from model import kernels
 from model.checkpoint import DEFAULT_CHECKPOINT, load_model, load_tokenizer
 from model.device import resolve_device, resolve_dtype
 from model.gpt import GPT
-from model.kv_cache import PagedKVCache, resolve_kv_cache_dtype
+from model.kv_cache import PagedKVCache, kv_cache_blocks, resolve_kv_cache_dtype
 from model.sampling import SamplingParams, resolve_seed
 from model.tokenizer import Tokenizer
 from server.engine.admission import check_fits
@@ -87,17 +87,9 @@ class Engine:
         self.device = model.device
         bs = config.block_size
         cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, model.dtype)
-        num_blocks = config.num_blocks or PagedKVCache.blocks_for_memory(
-            model.config, config.kv_cache_memory, bs, cache_dtype
+        num_blocks = kv_cache_blocks(
+            model.config, bs, cache_dtype, num_blocks=config.num_blocks, memory_bytes=config.kv_cache_memory
         )
-        longest = -(-model.config.n_positions // bs)
-        if num_blocks < longest:
-            per_block = PagedKVCache.bytes_per_block(model.config, bs, cache_dtype)
-            raise ValueError(
-                f"the KV cache holds {num_blocks} blocks of {bs} tokens ({num_blocks * per_block} bytes), "
-                f"fewer than one {model.config.n_positions}-token sequence needs ({longest} blocks, "
-                f"{longest * per_block} bytes): raise --kv-cache-memory"
-            )
         self.cache = PagedKVCache(model.config, num_blocks, bs, dtype=cache_dtype, device=self.device)
         self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         target_s = None if config.target_step_ms is None else config.target_step_ms / 1000

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 
 from model import kv_cache
 from model.config import GPTConfig
-from model.kv_cache import AUTO_KV_FRACTION, AUTO_KV_SEQUENCES, PagedKVCache, auto_kv_cache_bytes
+from model.kv_cache import AUTO_KV_FRACTION, AUTO_KV_SEQUENCES, PagedKVCache, auto_kv_cache_bytes, kv_cache_blocks
 
 GPT2 = GPTConfig(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
 
@@ -36,6 +37,16 @@ def test_default_takes_at_most_its_share_of_free_memory_and_at_least_one_sequenc
 
 def test_an_explicit_size_overrides_the_default():
     assert PagedKVCache.blocks_for_memory(GPT2, 16 * 2**20, 16, torch.float32) == 16 * 2**20 // (16 * 73728)
+
+
+def test_the_block_count_is_given_or_sized_from_memory_and_must_hold_one_context():
+    per_block = PagedKVCache.bytes_per_block(GPT2, 16, torch.float32)
+    assert kv_cache_blocks(GPT2, 16, torch.float32, memory_bytes=64 * per_block) == 64
+    assert kv_cache_blocks(GPT2, 16, torch.float32, num_blocks=100, memory_bytes=per_block) == 100
+    with pytest.raises(ValueError, match=r"holds 63 blocks .* fewer than one 1024-token sequence needs \(64 blocks"):
+        kv_cache_blocks(GPT2, 16, torch.float32, memory_bytes=64 * per_block - 1)
+    with pytest.raises(ValueError, match="raise --kv-cache-memory"):
+        kv_cache_blocks(GPT2, 16, torch.float32, num_blocks=63)
 
 
 def test_available_memory_is_positive():
