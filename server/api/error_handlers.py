@@ -27,7 +27,9 @@ def _validation_message(exc: RequestValidationError) -> str:
             reason = (err.get("ctx") or {}).get("error", "JSON decode error")
             parts.append(f"the body is not valid JSON: {reason} at character {err['loc'][-1]}")
             continue
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        # a check over the whole body (protocol.Strict's) names the field it refused in its context
+        field = (err.get("ctx") or {}).get("field")
+        loc = field or ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
         parts.append(f"{loc}: {err.get('msg', 'invalid').removeprefix('Value error, ')}")
     return "; ".join(parts)
 
@@ -46,6 +48,12 @@ def add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
+        if isinstance(exc.__cause__, RecursionError):
+            # FastAPI answers 400 for any failure to parse a body; JSON nested past the parser's depth is
+            # invalid input like any other malformed JSON (422, OpenAI's 400), not a body that is not UTF-8
+            metrics.on_rejected("validation")
+            message = "the body is not JSON this server reads: its arrays and objects nest too deeply"
+            return APIError(422, message, "validation").response(openai=_openai_route(request))
         return APIError(exc.status_code, str(exc.detail), "http", headers=exc.headers).response(
             openai=_openai_route(request)
         )

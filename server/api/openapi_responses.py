@@ -49,7 +49,8 @@ WHY = {
     404: "a model name this server does not serve (see --served-model-name)",
     413: "a body larger than --max-body-bytes",
     424: "the generation failed (TGI's GenerationError: error_type 'generation')",
-    422: "a field out of range, a limit of this server passed (each names its flag), or a prompt too long "
+    422: "JSON that does not parse (or nests too deeply), a field out of range or a string that is not Unicode "
+    "text (a lone UTF-16 surrogate), a limit of this server passed (each names its flag), or a prompt too long "
     "for the context",
     429: "the queue is full (--max-waiting); Retry-After says when to try again",
     503: "the model is loading, or the server is shutting down; Retry-After says when to try again",

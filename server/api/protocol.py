@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 
 def _whole_numbers(value: Any) -> Any:
@@ -22,6 +23,38 @@ def _whole_numbers(value: Any) -> Any:
     if isinstance(value, list):
         return [_whole_numbers(v) for v in value]
     return value
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """Where `text` holds a lone UTF-16 surrogate (JSON's "\\ud800" unpaired), or None: Python decodes one into a
+    string that no tokenizer or UTF-8 encoder takes."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
+def _refuse_lone_surrogates(value: Any, path: tuple = ()) -> None:
+    """Refuses every string of a request body, values and keys, that is not Unicode text, naming the field: one
+    rule at the door for every route, so no surrogate reaches a tokenizer (a 500) or a response (unencodable)."""
+    if isinstance(value, str):
+        at = _lone_surrogate(value)
+        if at is not None:
+            raise PydanticCustomError(
+                "text_not_unicode",
+                "a string holds a lone UTF-16 surrogate ({char}) at character {at}, which is not Unicode text",
+                {"field": ".".join(map(str, path)) or "body", "char": ascii(value[at]).strip("'"), "at": at},
+            )
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _refuse_lone_surrogates(k, path)  # a key names the field it sits in
+            _refuse_lone_surrogates(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _refuse_lone_surrogates(v, (*path, i))
 
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
@@ -37,14 +70,15 @@ CACHE_SALT_DOC = (
 
 
 class Strict(BaseModel):
-    """Request bodies: unknown fields refused, and no coercion, so a value is taken only in the type the
-    schema names ("stream": 0 is not a boolean, "n": "2" not an integer)."""
+    """Request bodies: unknown fields refused, no coercion, so a value is taken only in the type the schema
+    names ("stream": 0 is not a boolean, "n": "2" not an integer), and only Unicode text in any string."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     @model_validator(mode="before")
     @classmethod
     def _integers_as_json_schema_counts_them(cls, data: Any) -> Any:
+        _refuse_lone_surrogates(data)
         return _whole_numbers(data)
 
 
