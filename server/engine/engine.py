@@ -44,7 +44,7 @@ from server.engine.speculative import Drafter
 from server.engine.step_budget import StepBudget
 from server.engine.step_stats import StepStats, StepStatsSnapshot
 from server.engine.thread_priority import set_up_compute_threads
-from server.engine.warmup import warm_up
+from server.engine.warmup import calibrate, warm_up
 
 log = logging.getLogger("kvserve.engine")
 
@@ -311,7 +311,9 @@ class Engine:
     def warmup(self) -> None:
         """Runs a short request both ways, so the first real request pays no first-call costs, then
         calibrates the step budget's costs when there is a time target (server/engine/warmup.py)."""
-        warm_up(self)
+        warm_up(self.submit, self.tokenizer, self.context_length)
+        if self.budget.target_s is not None:
+            calibrate(self.submit, self.tokenizer, self.context_length, self.budget, self.blocks, self.config)
 
     def stop_admitting(self) -> None:
         """New requests are refused (EngineStoppedError) from now on; those already in go on."""
