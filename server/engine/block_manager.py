@@ -187,24 +187,3 @@ class BlockManager:
             self.ref_counts[block] = 1
             blocks.append(block)
         return blocks
-
-    def check_invariants(self) -> None:
-        """For tests: every block is held or free, never both, and free in one queue, the one its cache
-        entry calls for; cached keys point at blocks with that key."""
-        free = self.free
-        queues = [set(free.empty), set(free.probation), set(free.protected)]
-        assert sum(map(len, queues)) == len(set().union(*queues)), "a block sits in two free queues"
-        assert len(free.protected) <= free.protected_limit, f"{len(free.protected)} protected blocks"
-        for block, refs in enumerate(self.ref_counts):
-            assert refs >= 0, f"block {block} has {refs} references"
-            assert (refs == 0) == (block in free), f"block {block}: {refs} references, free={block in free}"
-            cached = self.block_hash[block] is not None
-            assert cached or not self.reused[block], f"block {block} is marked reused but caches nothing"
-            assert block not in queues[0] or not cached, f"empty block {block} caches {self.block_hash[block]}"
-            assert block not in queues[1] or cached, f"block {block} is in probation but caches nothing"
-            assert block not in queues[2] or self.reused[block], f"block {block} is protected but never reused"
-            assert not cached or self.cached.get(self.block_hash[block]) == block, f"block {block}'s key is not cached"
-        for key, block in self.cached.items():
-            assert self.block_hash[block] == key, (
-                f"block {block} is cached under {key} but keyed {self.block_hash[block]}"
-            )

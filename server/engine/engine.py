@@ -353,7 +353,8 @@ class Engine:
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """No step runs inside this block (requests still queue up). For tests and maintenance."""
+        """No step runs inside this block; requests still queue up, so those submitted inside it are admitted
+        together and share their steps (bench/vs_transformers.py times a batch so)."""
         with self._step_lock:
             yield
 

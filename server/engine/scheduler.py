@@ -86,11 +86,6 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
-    @property
-    def num_pending_aborts(self) -> int:
-        """Cancellations not yet carried out (they are, at the start of the next step)."""
-        return len(self._aborts)
-
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._aborts)
 

@@ -17,6 +17,7 @@ import uvicorn
 
 from server.api.app import create_app
 from server.engine import Engine, EngineArgs, EngineConfig
+from server.engine.block_manager import BlockManager
 from server.engine.sampler import Sampler
 from tests.conftest import TEST_DEVICE
 
@@ -202,3 +203,30 @@ def hook_sampling(monkeypatch, before=None, after=None) -> None:
 def blocks_free(engine: Engine) -> bool:
     """No request holds a KV-cache block (cached prefixes may remain, unreferenced)."""
     return engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def pending_aborts(engine: Engine) -> int:
+    """Cancellations the engine took but has not carried out yet (the start of its next step does)."""
+    return len(engine.scheduler._aborts)
+
+
+def check_block_invariants(blocks: BlockManager) -> None:
+    """Every block is held or free, never both, and free in one queue, the one its cache entry calls for;
+    cached keys point at blocks with that key."""
+    free = blocks.free
+    queues = [set(free.empty), set(free.probation), set(free.protected)]
+    assert sum(map(len, queues)) == len(set().union(*queues)), "a block sits in two free queues"
+    assert len(free.protected) <= free.protected_limit, f"{len(free.protected)} protected blocks"
+    for block, refs in enumerate(blocks.ref_counts):
+        assert refs >= 0, f"block {block} has {refs} references"
+        assert (refs == 0) == (block in free), f"block {block}: {refs} references, free={block in free}"
+        cached = blocks.block_hash[block] is not None
+        assert cached or not blocks.reused[block], f"block {block} is marked reused but caches nothing"
+        assert block not in queues[0] or not cached, f"empty block {block} caches {blocks.block_hash[block]}"
+        assert block not in queues[1] or cached, f"block {block} is in probation but caches nothing"
+        assert block not in queues[2] or blocks.reused[block], f"block {block} is protected but never reused"
+        assert not cached or blocks.cached.get(blocks.block_hash[block]) == block, f"block {block}'s key is not cached"
+    for key, block in blocks.cached.items():
+        assert blocks.block_hash[block] == key, (
+            f"block {block} is cached under {key} but keyed {blocks.block_hash[block]}"
+        )

@@ -8,6 +8,7 @@ import pytest
 from model.sampling import SamplingParams
 from server.engine.block_manager import BlockManager
 from server.engine.request import Request
+from tests.server.conftest import check_block_invariants
 
 
 def request(tokens, salt=None, use_cache=True):
@@ -39,7 +40,7 @@ def test_blocks_are_counted_and_given_back():
     assert not bm.grow(a, 4 * 9), "more blocks than exist"
     freed = bm.release(a)
     assert sorted(freed) == sorted(set(freed)) and len(freed) == 4 and bm.num_free_blocks == 8
-    bm.check_invariants()
+    check_block_invariants(bm)
 
 
 def test_the_hash_chain_keys_a_block_by_its_tokens_and_everything_before_them():
@@ -68,7 +69,7 @@ def test_a_prefix_hit_shares_blocks_and_never_covers_the_last_token():
     assert hits == []
     for r in (a, b, c, d, e):
         bm.release(r)
-    bm.check_invariants()
+    check_block_invariants(bm)
     assert bm.num_free_blocks == 16 and all(n == 0 for n in bm.ref_counts)
 
 
@@ -86,7 +87,7 @@ def test_blocks_no_one_holds_stay_cached_until_evicted_least_recent_first():
     assert len(bm.cached) == 3
     again, hits = admitted(bm, list(range(8)) + [1])
     assert len(hits) == 1, "a's head is still cached, its tail was evicted first"
-    bm.check_invariants()
+    check_block_invariants(bm)
 
 
 def test_a_release_never_drops_a_count_below_zero():
@@ -117,7 +118,7 @@ def test_forgotten_blocks_leave_the_cache():
     bm.forget(a.block_ids)
     assert bm.cached == {} and bm.cached_prefix(request(range(9))) == []
     bm.release(a)
-    bm.check_invariants()
+    check_block_invariants(bm)
 
 
 def test_a_cached_block_is_evicted_only_when_no_empty_block_is_left():
@@ -132,7 +133,7 @@ def test_a_cached_block_is_evicted_only_when_no_empty_block_is_left():
     admitted(bm, range(100, 105))  # 2 blocks: the never-used one and c's
     assert len(bm.cached) == 2, "a's cached blocks must survive while empty ones are free"
     assert bm.cached_prefix(request(list(range(8)) + [1])) == a_blocks
-    bm.check_invariants()
+    check_block_invariants(bm)
 
 
 def test_a_shared_prefix_outlives_one_off_blocks_released_after_it():
@@ -151,7 +152,7 @@ def test_a_shared_prefix_outlives_one_off_blocks_released_after_it():
         computed(bm, one_off)
         bm.release(one_off)
     assert len(bm.cached_prefix(request(prefix + [502]))) == 2
-    bm.check_invariants()
+    check_block_invariants(bm)
 
 
 def test_protected_blocks_are_bounded_and_give_way_to_a_new_shared_working_set():
@@ -174,7 +175,7 @@ def test_protected_blocks_are_bounded_and_give_way_to_a_new_shared_working_set()
         shared_twice(list(range(1000 + 100 * t, 1008 + 100 * t)))
     assert all(bm.cached_prefix(request(p + [3])) == [] for p in old)
     assert len(bm.free.protected) == 2
-    bm.check_invariants()
+    check_block_invariants(bm)
 
 
 def test_forgetting_a_free_cached_block_makes_it_the_next_taken():
@@ -185,7 +186,7 @@ def test_forgetting_a_free_cached_block_makes_it_the_next_taken():
     bm.release(a)
     bm.forget(blocks[:1])
     assert list(bm.free)[:3] == [2, 3, blocks[0]], "empty blocks first, the forgotten one among them"
-    bm.check_invariants()
+    check_block_invariants(bm)
 
 
 def test_a_request_hitting_its_own_blocks_after_preemption_does_not_protect_them():
@@ -205,7 +206,7 @@ def test_a_request_hitting_its_own_blocks_after_preemption_does_not_protect_them
     assert hits == own
     bm.release(b)
     assert set(own) <= set(bm.free.protected)
-    bm.check_invariants()
+    check_block_invariants(bm)
 
 
 def test_block_keys_do_not_collide_where_pythons_tuple_hash_does():

@@ -16,7 +16,7 @@ from model.generate import generate
 from model.sampling import SamplingParams
 from server.engine import AsyncSink, Engine, EngineStoppedError, QueueFullError, TokenOutput
 from tests.conftest import EXACT
-from tests.server.conftest import count_wakeups
+from tests.server.conftest import check_block_invariants, count_wakeups
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
 
@@ -175,7 +175,7 @@ def test_cancel_frees_the_blocks_within_one_step(tiny_model, tiny_tokenizer):
     eng.step()
     assert eng.num_running == 0 and eng.blocks.num_free_blocks == 16
     assert events[-1].finish_reason == "abort" and len(events) == 3
-    eng.blocks.check_invariants()
+    check_block_invariants(eng.blocks)
 
 
 def test_cancel_of_a_waiting_request_removes_it(tiny_model, tiny_tokenizer):
@@ -354,7 +354,7 @@ def test_blocks_left_non_finite_by_a_failed_request_never_reach_the_next_holder(
     drive(eng, again)
     assert again[-1].finish_reason == "length", f"the blocks' next holder failed: {again[-1].error}"
     assert token_ids(again) == solo and again[-1].stats.cached_tokens == 0
-    eng.blocks.check_invariants()
+    check_block_invariants(eng.blocks)
 
 
 def _engine_held_mid_step(tiny_model, tiny_tokenizer, monkeypatch):

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from server.api.app import create_app
 from server.engine import Engine
-from tests.server.conftest import blocks_free, hook_sampling, sse_events, wait_for
+from tests.server.conftest import blocks_free, hook_sampling, pending_aborts, sse_events, wait_for
 
 BAD_GENERATE = [
     ({"inputs": "x", "foo": 1}, "foo: Extra inputs are not permitted"),
@@ -222,7 +222,7 @@ def test_client_disconnect_mid_stream_frees_the_slot_within_one_step(small_live)
             assert first["index"] == 1 and first["generated_text"] is None
             assert small_live.metric("kvserve:num_requests_running") == 1
             assert small_live.metric("kvserve:kv_cache_usage_perc") > 0
-        wait_for(lambda: engine.scheduler.num_pending_aborts == 1, "the server to notice the disconnect")
+        wait_for(lambda: pending_aborts(engine) == 1, "the server to notice the disconnect")
         engine.step()
         assert engine.num_running == 0 and blocks_free(engine)
     assert small_live.metric("kvserve:num_requests_running") == 0

@@ -15,7 +15,7 @@ from server.engine.kv_view import kv_snapshot
 from server.engine.request import Request
 from server.engine.scheduler import Scheduler
 from server.engine.step_budget import StepBudget
-from tests.server.conftest import serve, wait_for
+from tests.server.conftest import pending_aborts, serve, wait_for
 from tests.server.step_gate import step_gate
 
 KEY = "kv-view-key"
@@ -134,7 +134,7 @@ def test_get_kv_matches_the_block_manager_through_a_request_and_a_cancellation(k
             hits = req["blocks"][: (prompt_len - 1) // BLOCK]
             assert req["cached_tokens"] == len(hits) * BLOCK > 0
             assert all(view["hit_counts"][b] == after["hit_counts"][b] + 1 for b in hits)
-        wait_for(lambda: engine.scheduler.num_pending_aborts == 1, "the server to see the client leave")
+        wait_for(lambda: pending_aborts(engine) == 1, "the server to see the client leave")
         check_view(client, engine, "with the cancellation pending")
         gate.at = None
         wait_for(lambda: engine.num_running == 0, "the cancellation to free the request's blocks")

@@ -13,6 +13,7 @@ from model.sampling import SamplingParams
 from server.engine import Engine
 from server.engine.sampler import Sampler
 from tests.conftest import EXACT
+from tests.server.conftest import check_block_invariants
 
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0, ignore_eos=True)
 
@@ -113,7 +114,7 @@ def test_eviction_under_memory_pressure_then_a_miss(tiny_model, tiny_tokenizer):
         run(eng, prompt(100, seed=10 + i), SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True))
     again, _ = run(eng, p)
     assert again[-1].stats.cached_tokens == 0 and tokens(again) == tokens(first)
-    eng.blocks.check_invariants()
+    check_block_invariants(eng.blocks)
 
 
 def test_prefix_caching_off_never_hits(tiny_model, tiny_tokenizer):
@@ -145,7 +146,7 @@ def test_preemption_never_changes_an_output(tiny_model, tiny_tokenizer):
     assert [tokens(s) for s in sinks] == alone
     assert all(s[-1].finish_reason == "length" for s in sinks)
     assert sum(s[-1].stats.preemptions for s in sinks) == eng.stats.preemptions
-    eng.blocks.check_invariants()
+    check_block_invariants(eng.blocks)
     assert eng.blocks.num_free_blocks == 10
 
 
@@ -188,11 +189,11 @@ def test_a_soak_with_cancellations_at_random_points_leaks_no_block(tiny_model, t
         if live and rng.random() < 0.2:
             eng.abort(live.pop(rng.randrange(len(live))))
         eng.step()
-        eng.blocks.check_invariants()
+        check_block_invariants(eng.blocks)
     for rid in live:
         eng.abort(rid)
     while eng.scheduler.has_work():
         eng.step()
-    eng.blocks.check_invariants()
+    check_block_invariants(eng.blocks)
     assert eng.blocks.num_free_blocks == 24 and all(n == 0 for n in eng.blocks.ref_counts)
     assert eng.stats.preemptions > 0 and eng.stats.prefix_cache_hits > 0, "the soak never reached those paths"

@@ -18,6 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.server.conftest import pending_aborts
+
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 if not Path(CHROMIUM).exists():
@@ -165,7 +167,7 @@ def test_stop_disconnects_and_the_server_frees_the_slot(page, live, artifacts):
         expect(page.locator("#status")).to_have_text("stopped")
         expect(page.locator("#generate")).to_have_text("Generate")
         page.screenshot(path=str(artifacts / "stopped.png"), full_page=True)
-        wait_until(lambda: live.engine.scheduler.num_pending_aborts == 1, "the server never saw the disconnect")
+        wait_until(lambda: pending_aborts(live.engine) == 1, "the server never saw the disconnect")
         release.set()
     wait_until(
         lambda: live.metric("kvserve:request_success_total", finished_reason="abort") == aborted_before + 1,

@@ -12,6 +12,7 @@ from model.kv_cache import StepBatch
 from model.sampling import SamplingParams
 from server.engine import Engine
 from tests.conftest import EXACT
+from tests.server.conftest import check_block_invariants
 
 
 def make_engine(model, tokenizer, **kw):
@@ -67,7 +68,7 @@ def test_scoring_a_prompt_generates_nothing_and_never_takes_a_prefix_hit(tiny_mo
     assert len(events) == 1 and events[0].token_id is None and events[0].finish_reason == "length"
     assert events[0].stats.cached_tokens == 0 and len(events[0].prompt_logprobs) == 39
     assert events[0].prompt_logprobs[0].top is None
-    eng.blocks.check_invariants()
+    check_block_invariants(eng.blocks)
     assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
 
 

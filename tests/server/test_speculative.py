@@ -15,6 +15,7 @@ from model.kv_cache import PagedKVCache, StepBatch
 from model.sampling import SamplingParams
 from server.engine import Engine
 from tests.conftest import needs_exact, random_model
+from tests.server.conftest import check_block_invariants
 
 pytestmark = needs_exact  # bit-equality across batch shapes is what the exact kernels give
 
@@ -98,7 +99,7 @@ def test_speculative_output_equals_plain_bit_for_bit(peaked_model, tiny_tokenize
     assert_same(spec, plain)
     stats = spec[-1].stats
     assert stats.draft_tokens > 0 and stats.accepted_draft_tokens > 0, "the speculative path was not taken"
-    eng.blocks.check_invariants()
+    check_block_invariants(eng.blocks)
 
 
 def test_seeded_sampling_both_accepts_and_rejects_drafts(peaked_model, tiny_tokenizer, prompt):
@@ -130,7 +131,7 @@ def test_a_prefix_cache_hit_with_speculation_equals_plain(peaked_model, tiny_tok
     (again,), _ = run(eng, [(continuation, replace(GREEDY, max_new_tokens=28), {})])
     assert again[-1].stats.cached_tokens == 96
     assert_same(again, solo_plain(peaked_model, tiny_tokenizer, continuation, replace(GREEDY, max_new_tokens=28)))
-    eng.blocks.check_invariants()
+    check_block_invariants(eng.blocks)
 
 
 def test_a_repeat_drafts_from_the_first_requests_output_and_another_salt_does_not(peaked_model, tiny_tokenizer, prompt):
@@ -181,7 +182,7 @@ def test_requests_preempted_mid_draft_equal_their_solo_outputs_and_leak_nothing(
     for p, r in zip(prompts, results):
         assert_same(r, solo_plain(peaked_model, tiny_tokenizer, p, params))
     assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
-    eng.blocks.check_invariants()
+    check_block_invariants(eng.blocks)
 
 
 def test_a_request_cancelled_mid_draft_leaks_no_block(peaked_model, tiny_tokenizer, prompt):
@@ -194,7 +195,7 @@ def test_a_request_cancelled_mid_draft_leaks_no_block(peaked_model, tiny_tokeniz
     eng.step()
     assert events[-1].finish_reason == "abort"
     assert eng.blocks.num_free_blocks == eng.blocks.num_blocks
-    eng.blocks.check_invariants()
+    check_block_invariants(eng.blocks)
 
 
 def test_a_mixed_batch_gives_each_request_its_plain_output(peaked_model, tiny_tokenizer, prompt):
