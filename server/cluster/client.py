@@ -175,7 +175,7 @@ class RayEngineClient:
         """The replicas' engine steps, summed over their last reports."""
         target_ms = self.config.target_step_ms
         return merged(
-            [StepStatsSnapshot.from_builtins(r.step_stats) for r in self.reports() if r.step_stats],
+            [r.step_stats for r in self.reports() if r.step_stats is not None],
             None if target_ms is None else target_ms / 1000,
             self.config.max_num_batched_tokens,
         )

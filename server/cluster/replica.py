@@ -232,7 +232,7 @@ class EngineReplica:
             kv_cache_usage=self.engine.kv_cache_usage,
             pid=os.getpid(),
             kernels=self.engine.model.kernels,
-            step_stats=self.engine.step_stats_snapshot().as_builtins(),
+            step_stats=self.engine.step_stats_snapshot(),
         ).to_stats()
 
     async def check_health(self) -> None:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from server.engine.block_manager import BlockManager, extend_block_keys
+from server.engine.step_stats import StepStatsSnapshot
 
 POLICIES = ("kv", "pow2", "round-robin")
 ROUTERS: dict[str, Router] = {}  # this process's routers by deployment name (Ray Serve makes them; /metrics reads)
@@ -61,17 +62,21 @@ class ReplicaReport:
     kv_cache_usage: float = 0.0  # fraction of blocks held (0..1)
     pid: int = 0  # its process
     kernels: str = ""  # the kernels its model runs (exact or stock)
-    step_stats: tuple | None = None  # its engine's StepStatsSnapshot.as_builtins(), for the ingress's /metrics
+    step_stats: StepStatsSnapshot | None = None  # its engine's steps, for the ingress's /metrics
 
     def to_stats(self) -> dict:
-        """As Ray Serve's routing_stats: builtins only, so Serve's controller, which relays them, needs
-        none of our modules to unpickle them. `from_stats` reads them back."""
-        return {"kvserve_report": dataclasses.astuple(self)}
+        """As Ray Serve's routing_stats: builtins only (the nested dataclasses as dicts), so Serve's
+        controller, which relays them, needs none of our modules to unpickle them; by field name, so no
+        reading depends on the order of the fields. `from_stats` reads them back."""
+        return {"kvserve_report": dataclasses.asdict(self)}
 
     @classmethod
     def from_stats(cls, stats: dict | None) -> ReplicaReport | None:
         fields = (stats or {}).get("kvserve_report")
-        return None if fields is None else cls(*fields)
+        if fields is None:
+            return None
+        steps = fields.get("step_stats")
+        return cls(**{**fields, "step_stats": None if steps is None else StepStatsSnapshot.from_dict(steps)})
 
 
 @dataclass

@@ -4,7 +4,6 @@ and prompt apart. The engine fills them; /metrics reads them at scrape time (no 
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import threading
 from dataclasses import dataclass
 
@@ -42,6 +41,11 @@ class HistogramSnapshot:
     total: float  # sum of the observed values
     count: int  # number of observations
 
+    @classmethod
+    def from_dict(cls, fields: dict) -> HistogramSnapshot:
+        """One from `dataclasses.asdict`'s form, by field name (the sequences back to their types)."""
+        return cls(**{**fields, "buckets": tuple(fields["buckets"]), "counts": list(fields["counts"])})
+
     def cumulative(self) -> list[tuple[str, int]]:
         out, running = [], 0
         for bound, n in zip([*map(str, self.buckets), "+Inf"], self.counts):
@@ -74,17 +78,11 @@ class StepStatsSnapshot:
     max_batched_tokens: int  # the token cap of a step (--max-num-batched-tokens)
     prompt_allowance: int  # prompt tokens the latest step was allowed
 
-    def as_builtins(self) -> tuple:
-        """Tuples, lists and numbers only (a replica's report to Ray Serve); `from_builtins` reads it back."""
-        return dataclasses.astuple(self)
-
     @classmethod
-    def from_builtins(cls, fields: tuple) -> StepStatsSnapshot:
-        histograms = [
-            HistogramSnapshot(tuple(buckets), list(counts), total, count)
-            for buckets, counts, total, count in fields[:3]
-        ]
-        return cls(*histograms, *fields[3:])
+    def from_dict(cls, fields: dict) -> StepStatsSnapshot:
+        """One from `dataclasses.asdict`'s form (a replica's report to Ray Serve carries it so), by field
+        name: the histograms are the fields that arrive as dicts."""
+        return cls(**{name: HistogramSnapshot.from_dict(v) if isinstance(v, dict) else v for name, v in fields.items()})
 
 
 def merged(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
+
 import pytest
 
 from model.sampling import SamplingParams
@@ -402,9 +405,8 @@ def test_a_replicas_step_histograms_cross_in_its_report_and_sum_over_replicas():
         for work, seconds in steps:
             stats.observe(work, seconds)
         report = _report(f"r{len(snapshots)}")
-        report.step_stats = stats.snapshot(None, 128, 16).as_builtins()
-        back = ReplicaReport.from_stats(report.to_stats())  # as Ray Serve relays it: builtins only
-        snapshots.append(type(stats.snapshot(None, 128, 0)).from_builtins(back.step_stats))
+        report.step_stats = stats.snapshot(None, 128, 16)
+        snapshots.append(ReplicaReport.from_stats(report.to_stats()).step_stats)  # as Ray Serve relays it
     total = merged(snapshots, None, 128)
     assert (total.step_seconds.count, total.decode_tokens.total, total.prompt_tokens.total) == (3, 6, 16)
     assert total.step_seconds.total == pytest.approx(0.0067)
@@ -413,3 +415,45 @@ def test_a_replicas_step_histograms_cross_in_its_report_and_sum_over_replicas():
     empty = merged([], 0.05, 64)
     assert (empty.step_seconds.count, empty.target_step_s, empty.max_batched_tokens) == (0, 0.05, 64)
     assert len(empty.decode_tokens.counts) == len(empty.decode_tokens.buckets) + 1
+
+
+def _builtins_only(value) -> bool:
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _builtins_only(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(map(_builtins_only, value))
+    return value is None or type(value) in (bool, int, float, str)
+
+
+def test_a_report_crosses_as_builtins_by_field_name_and_comes_back_with_every_field():
+    from server.engine.step_budget import StepWork
+    from server.engine.step_stats import StepStats
+
+    stats = StepStats()
+    stats.observe(StepWork(2, 20, 8), 0.003)
+    report = ReplicaReport(
+        "r7",
+        [11, -12],
+        3,
+        4,
+        5,
+        60,
+        time=123.5,
+        prefix_cache_queries=7,
+        prefix_cache_hits=6,
+        preemptions=2,
+        kv_cache_usage=0.25,
+        pid=99,
+        kernels="exact",
+        step_stats=stats.snapshot(0.05, 128, 16),
+    )
+    blank = ReplicaReport("", [], 0, 0, 0, 0, time=0.0)
+    assert all(getattr(report, f.name) != getattr(blank, f.name) for f in dataclasses.fields(ReplicaReport)), (
+        "set every field of the report here, so that the round trip below checks it"
+    )
+    wire = report.to_stats()
+    assert set(wire) == {"kvserve_report"}
+    assert set(wire["kvserve_report"]) == {f.name for f in dataclasses.fields(ReplicaReport)}
+    assert _builtins_only(wire), "Serve's controller relays it and must unpickle it without our modules"
+    assert ReplicaReport.from_stats(pickle.loads(pickle.dumps(wire))) == report
+    assert ReplicaReport.from_stats({}) is None and ReplicaReport.from_stats(None) is None
