@@ -4,8 +4,8 @@ A synthetic multi-tenant trace (Zipf-distributed tenants, each with a shared sys
 tokens, then a unique suffix; Poisson arrivals) is replayed against N simulated replicas. Each replica
 runs the real `Scheduler` and `BlockManager` of `server/engine/`; only the model is replaced, by a cost
 model of a step's time (a fixed part, a part per decode row, a part per prompt token), whose defaults
-come from the figures measured on the default checkpoint (BENCHMARKS.md sections 2 and 4). Requests are
-routed by the real `server.cluster.router.Router`, fed by the replicas' periodic reports
+come from the figures measured on the default checkpoint (BENCHMARKS.md: the decode step, prompts). Requests
+are routed by the real `server.cluster.router.Router`, fed by the replicas' periodic reports
 (`report_from`), exactly as in the Ray Serve app. The `oracle` policy is `kv` reading every replica's
 prefix cache as it is at the moment of each decision, instead of the last report.
 
@@ -214,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-num-batched-tokens", type=int, default=128)
     ap.add_argument("--report-interval", type=float, default=0.5, help="seconds between replica reports")
     ap.add_argument("--imbalance-threshold", type=int, default=8)
-    ap.add_argument("--step-ms", type=float, default=0.8, help="fixed cost of a step (BENCHMARKS.md section 2)")
-    ap.add_argument("--decode-row-ms", type=float, default=0.3, help="cost of each decode row (section 2)")
-    ap.add_argument("--prompt-token-ms", type=float, default=0.1, help="cost of each prompt token (section 4)")
+    ap.add_argument("--step-ms", type=float, default=0.8, help="fixed cost of a step (BENCHMARKS.md, the decode step)")
+    ap.add_argument("--decode-row-ms", type=float, default=0.3, help="cost of each decode row (the decode step)")
+    ap.add_argument("--prompt-token-ms", type=float, default=0.1, help="cost of each prompt token (prompts)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("bench/results/routing_sim.json"))
     args = ap.parse_args(argv)
