@@ -37,6 +37,7 @@ from model.data import DEFAULT_DATA_DIR, VALIDATION_PLAYS
 from model.kv_cache import PagedKVCache, StepBatch
 from model.sampling import SamplingParams
 from server.engine import Engine, EngineConfig
+from server.engine.counters import SpecDecodeCounters
 
 WORKLOADS = ("grounded", "open-greedy", "open-sampled")
 
@@ -251,15 +252,11 @@ def main(argv: list[str] | None = None) -> int:
                 for mode, engine in engines.items():
                     if engine.drafter is not None and engine.drafter.history is not None:
                         engine.drafter.history.clear()  # no run drafts from an earlier run's identical requests
-                    before = engine.counters()
+                    before = engine.counters().spec_decode or SpecDecodeCounters()  # None: it does not speculate
                     run = closed_loop(engine, prompts, workload, concurrency, requests, args.max_new_tokens)
-                    after = engine.counters()
-                    drafted = after.get("spec_decode_num_draft_tokens", 0) - before.get(
-                        "spec_decode_num_draft_tokens", 0
-                    )
-                    accepted = after.get("spec_decode_num_accepted_tokens", 0) - before.get(
-                        "spec_decode_num_accepted_tokens", 0
-                    )
+                    after = engine.counters().spec_decode or SpecDecodeCounters()
+                    drafted = after.num_draft_tokens - before.num_draft_tokens
+                    accepted = after.num_accepted_tokens - before.num_accepted_tokens
                     run.update(
                         workload=workload,
                         concurrency=concurrency,

@@ -11,6 +11,8 @@ from model.config import GPTConfig
 from model.sampling import SamplingParams
 from model.tokenizer import Tokenizer
 from server.engine import EngineConfig, EngineInfo, TokenOutput
+from server.engine.counters import EngineCounters
+from server.engine.step_stats import StepStatsSnapshot
 
 Sink = Callable[[TokenOutput], None]
 
@@ -70,8 +72,11 @@ class EngineClient(Protocol):
     @property
     def kv_cache_usage(self) -> float: ...
 
-    def counters(self) -> dict[str, float | list[int]]:
-        """Running totals by vLLM's names (prefix_cache_queries, prefix_cache_hits, num_preemptions...)."""
+    def counters(self) -> EngineCounters:
+        """Running totals (prefix cache, preemptions, speculative decoding)."""
+
+    def step_stats_snapshot(self) -> StepStatsSnapshot:
+        """Step time and tokens per step so far, with the step budget in force."""
 
     # the app's life cycle
     def start(self) -> EngineClient: ...

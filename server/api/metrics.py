@@ -9,6 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from server.engine import FINISH_EOS, FINISH_STOP, RequestStats, TokenOutput
+from server.engine.counters import EngineCounters
 from server.engine.step_stats import HistogramSnapshot, StepStatsSnapshot
 
 PREFIX = "kvserve:"
@@ -45,36 +46,43 @@ def finished_reason_label(reason: str) -> str:
     return "stop" if reason in (FINISH_EOS, FINISH_STOP) else reason
 
 
-class EngineCounters:
-    """Counters the engine keeps itself (prefix cache, preemptions), read at scrape time."""
+class EngineCounterCollector:
+    """Counters the engine keeps itself (prefix cache, preemptions, speculative decoding), read at scrape
+    time (server/engine/counters.py)."""
 
-    def __init__(self, model_name: str, read: Callable[[], dict[str, float]]) -> None:
+    def __init__(self, model_name: str, read: Callable[[], EngineCounters]) -> None:
         self.model_name, self.read = model_name, read
 
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        family.add_metric([self.model_name], value)
+        return family
+
     def collect(self):
-        values = self.read()
-        for name, doc in (
-            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
-            ("prefix_cache_hits", "Prompt tokens served from the prefix cache."),
-            ("num_preemptions", "Requests preempted (blocks freed, recomputed later)."),
-            ("spec_decode_num_drafts", "Speculative drafts verified."),
-            ("spec_decode_num_draft_tokens", "Speculative draft tokens verified."),
-            ("spec_decode_num_accepted_tokens", "Speculative draft tokens accepted."),
-        ):
-            if name in values:
-                family = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
-                family.add_metric([self.model_name], values[name])
-                yield family
-        per_position = values.get("spec_decode_num_accepted_tokens_per_pos")
-        if per_position is not None:
-            family = CounterMetricFamily(
-                PREFIX + "spec_decode_num_accepted_tokens_per_pos",
-                "Speculative drafts whose token at this position was accepted.",
-                labels=["model_name", "position"],
-            )
-            for position, count in enumerate(per_position):
-                family.add_metric([self.model_name, str(position)], count)
-            yield family
+        c = self.read()
+        yield self._counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", c.prefix_cache_queries
+        )
+        yield self._counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.", c.prefix_cache_hits)
+        yield self._counter(
+            "num_preemptions", "Requests preempted (blocks freed, recomputed later).", c.num_preemptions
+        )
+        spec = c.spec_decode
+        if spec is None:
+            return
+        yield self._counter("spec_decode_num_drafts", "Speculative drafts verified.", spec.num_drafts)
+        yield self._counter("spec_decode_num_draft_tokens", "Speculative draft tokens verified.", spec.num_draft_tokens)
+        yield self._counter(
+            "spec_decode_num_accepted_tokens", "Speculative draft tokens accepted.", spec.num_accepted_tokens
+        )
+        family = CounterMetricFamily(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Speculative drafts whose token at this position was accepted.",
+            labels=["model_name", "position"],
+        )
+        for position, count in enumerate(spec.num_accepted_tokens_per_pos):
+            family.add_metric([self.model_name, str(position)], count)
+        yield family
 
 
 class StepCollector:
@@ -203,13 +211,13 @@ class Metrics:
         running: Callable[[], float],
         waiting: Callable[[], float],
         kv_usage: Callable[[], float],
-        counters: Callable[[], dict[str, float]],
+        counters: Callable[[], EngineCounters],
     ) -> None:
         """The gauges and the engine's own counters read the engine's state when scraped."""
         self.running.labels(self.model_name).set_function(running)
         self.waiting.labels(self.model_name).set_function(waiting)
         self.kv_usage.labels(self.model_name).set_function(kv_usage)
-        self.registry.register(EngineCounters(self.model_name, counters))
+        self.registry.register(EngineCounterCollector(self.model_name, counters))
 
     def bind_steps(self, read: Callable[[], StepStatsSnapshot]) -> None:
         """The engine's step histograms and budget, read when scraped."""

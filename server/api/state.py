@@ -78,8 +78,6 @@ class AppState:
         self.metrics.bind(
             lambda: engine.num_running, lambda: engine.num_waiting, lambda: engine.kv_cache_usage, engine.counters
         )
-        step_stats = getattr(engine, "step_stats_snapshot", None)  # a local Engine's, or the replicas' summed
-        if step_stats is not None:
-            self.metrics.bind_steps(step_stats)
+        self.metrics.bind_steps(engine.step_stats_snapshot)  # a local Engine's, or the replicas' summed
         self.engine = engine
         log.info("model %s ready", self.model_name)

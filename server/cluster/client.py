@@ -36,6 +36,7 @@ from server.cluster.feeds import Feeds, Followed, cancel_call, wire_id
 from server.cluster.protocol import FeedEnded, Submission, Taken
 from server.cluster.router import ReplicaReport, Router
 from server.engine import FINISH_ABORT, FINISH_ERROR, EngineArgs, EngineInfo, EngineStoppedError, TokenOutput
+from server.engine.counters import EngineCounters
 from server.engine.step_stats import StepStatsSnapshot, merged
 
 log = logging.getLogger("kvserve.cluster")
@@ -162,14 +163,9 @@ class RayEngineClient:
         total = sum(r.num_blocks for r in reports)
         return sum(r.kv_cache_usage * r.num_blocks for r in reports) / total if total else 0.0
 
-    def counters(self) -> dict[str, float]:
+    def counters(self) -> EngineCounters:
         """The engine's running totals for /metrics, summed over the replicas' last reports."""
-        reports = self.reports()
-        return {
-            "prefix_cache_queries": sum(r.prefix_cache_queries for r in reports),
-            "prefix_cache_hits": sum(r.prefix_cache_hits for r in reports),
-            "num_preemptions": sum(r.preemptions for r in reports),
-        }
+        return EngineCounters.summed([r.counters for r in self.reports()])
 
     def step_stats_snapshot(self) -> StepStatsSnapshot:
         """The replicas' engine steps, summed over their last reports."""

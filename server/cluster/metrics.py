@@ -3,39 +3,50 @@ client's sums): each replica's gauges labelled by replica, and the router's deci
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from server.api.metrics import PREFIX
 from server.cluster.client import RayEngineClient
-from server.cluster.router import Router
+from server.cluster.router import ReplicaReport, Router
 
-PER_REPLICA = [  # (name, help, type, field of ReplicaReport)
-    ("replica_num_requests_running", "Requests holding KV-cache blocks, by replica.", "gauge", "running"),
-    ("replica_num_requests_waiting", "Requests queued, by replica.", "gauge", "waiting"),
-    ("replica_kv_cache_usage_perc", "Fraction of KV-cache blocks held, by replica.", "gauge", "kv_cache_usage"),
+PER_REPLICA: list[tuple[str, str, str, Callable[[ReplicaReport], float]]] = [  # (name, help, type, value)
+    ("replica_num_requests_running", "Requests holding KV-cache blocks, by replica.", "gauge", lambda r: r.running),
+    ("replica_num_requests_waiting", "Requests queued, by replica.", "gauge", lambda r: r.waiting),
+    (
+        "replica_kv_cache_usage_perc",
+        "Fraction of KV-cache blocks held, by replica.",
+        "gauge",
+        lambda r: r.kv_cache_usage,
+    ),
     (
         "replica_prefix_cache_queries_total",
         "Prompt tokens looked up in the prefix cache, by replica.",
         "counter",
-        "prefix_cache_queries",
+        lambda r: r.counters.prefix_cache_queries,
     ),
     (
         "replica_prefix_cache_hits_total",
         "Prompt tokens served from the prefix cache, by replica.",
         "counter",
-        "prefix_cache_hits",
+        lambda r: r.counters.prefix_cache_hits,
     ),
-    ("replica_cached_blocks", "Full blocks the replica's prefix cache holds (its last report).", "gauge", None),
-    ("replica_pid", "The replica's process id.", "gauge", "pid"),
+    (
+        "replica_cached_blocks",
+        "Full blocks the replica's prefix cache holds (its last report).",
+        "gauge",
+        lambda r: len(r.held_keys),
+    ),
+    ("replica_pid", "The replica's process id.", "gauge", lambda r: r.pid),
 ]
 
 
 def cluster_metrics(client: RayEngineClient, router: Router | None) -> str:
     lines = []
     reports = client.reports()
-    for name, doc, kind, attr in PER_REPLICA:
+    for name, doc, kind, value in PER_REPLICA:
         lines += [f"# HELP {PREFIX}{name} {doc}", f"# TYPE {PREFIX}{name} {kind}"]
         for r in reports:
-            value = len(r.held_keys) if attr is None else getattr(r, attr)
-            lines.append(f'{PREFIX}{name}{{replica="{r.replica_id}"}} {float(value)}')
+            lines.append(f'{PREFIX}{name}{{replica="{r.replica_id}"}} {float(value(r))}')
     name = PREFIX + "router_decisions_total"
     lines += [
         f"# HELP {name} Requests a replica took, by policy and outcome (hit: a cached prefix chose the replica; "

@@ -220,15 +220,12 @@ class EngineReplica:
 
     # async, so Serve calls them on the replica's loop: a sync method runs in a new worker thread each time
     async def record_routing_stats(self) -> dict:
-        stats = self.engine.stats
         return report_from(
             self.replica_id,
             self.engine.blocks,
             self.engine.num_running,
             self.engine.num_waiting,
-            prefix_cache_queries=stats.prefix_cache_queries,
-            prefix_cache_hits=stats.prefix_cache_hits,
-            preemptions=stats.preemptions,
+            counters=self.engine.counters(),
             kv_cache_usage=self.engine.kv_cache_usage,
             pid=os.getpid(),
             kernels=self.engine.model.kernels,

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from server.engine.block_manager import BlockManager, extend_block_keys
+from server.engine.counters import EngineCounters
 from server.engine.step_stats import StepStatsSnapshot
 
 POLICIES = ("kv", "pow2", "round-robin")
@@ -56,9 +57,7 @@ class ReplicaReport:
     free_blocks: int  # blocks no request holds (some still caching a prefix)
     num_blocks: int  # its block pool's size
     time: float = field(default_factory=time.time)  # when it was taken
-    prefix_cache_queries: int = 0  # prompt tokens of admitted requests that used the cache, since it started
-    prefix_cache_hits: int = 0  # of those, tokens served from its prefix cache
-    preemptions: int = 0  # since it started
+    counters: EngineCounters = field(default_factory=EngineCounters)  # its engine's totals since it started
     kv_cache_usage: float = 0.0  # fraction of blocks held (0..1)
     pid: int = 0  # its process
     kernels: str = ""  # the kernels its model runs (exact or stock)
@@ -76,7 +75,13 @@ class ReplicaReport:
         if fields is None:
             return None
         steps = fields.get("step_stats")
-        return cls(**{**fields, "step_stats": None if steps is None else StepStatsSnapshot.from_dict(steps)})
+        return cls(
+            **{
+                **fields,
+                "counters": EngineCounters.from_dict(fields["counters"]),
+                "step_stats": None if steps is None else StepStatsSnapshot.from_dict(steps),
+            }
+        )
 
 
 @dataclass
@@ -396,9 +401,9 @@ class Router:
                     state.expire(now, self.pending_ttl)
 
 
-def report_from(replica_id: str, blocks: BlockManager, running: int, waiting: int, **counters) -> ReplicaReport:
+def report_from(replica_id: str, blocks: BlockManager, running: int, waiting: int, **optional) -> ReplicaReport:
     """A replica's report from its block manager: every key its prefix cache holds (at most one a block),
-    its load, and `counters` (ReplicaReport's optional fields)."""
+    its load, and `optional` (ReplicaReport's optional fields)."""
     return ReplicaReport(
-        replica_id, list(blocks.cached), running, waiting, blocks.num_free_blocks, blocks.num_blocks, **counters
+        replica_id, list(blocks.cached), running, waiting, blocks.num_free_blocks, blocks.num_blocks, **optional
     )

@@ -33,6 +33,7 @@ from model.tokenizer import Tokenizer
 from server.engine.admission import check_fits
 from server.engine.block_manager import BlockManager
 from server.engine.config import EngineConfig, EngineInfo
+from server.engine.counters import EngineCounters
 from server.engine.kernel_spin import KernelSpin
 from server.engine.model_runner import ModelRunner, StepResult
 from server.engine.one_by_one import execute_one_by_one
@@ -163,15 +164,15 @@ class Engine:
     def stats(self) -> SchedulerStats:
         return self.scheduler.stats
 
-    def counters(self) -> dict[str, float | list[int]]:
-        """The engine's running totals for /metrics (vLLM's names, the spec-decode ones when it speculates)."""
+    def counters(self) -> EngineCounters:
+        """The engine's running totals for /metrics (the spec-decode ones when it speculates)."""
         s = self.scheduler.stats
-        out = {
-            "prefix_cache_queries": s.prefix_cache_queries,
-            "prefix_cache_hits": s.prefix_cache_hits,
-            "num_preemptions": s.preemptions,
-        }
-        return out if self.drafter is None else {**out, **self.drafter.stats.counters()}
+        return EngineCounters(
+            prefix_cache_queries=s.prefix_cache_queries,
+            prefix_cache_hits=s.prefix_cache_hits,
+            num_preemptions=s.preemptions,
+            spec_decode=None if self.drafter is None else self.drafter.stats.snapshot(),
+        )
 
     @property
     def info(self) -> EngineInfo:

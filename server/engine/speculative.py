@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from server.engine.counters import SpecDecodeCounters
 from server.engine.ngram_history import HISTORY_CAPACITY, NgramHistory
 from server.engine.request import Request
 
@@ -65,14 +66,14 @@ class SpecDecodeStats:
     num_accepted_tokens: int = 0  # of those, accepted
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: drafts whose token i was accepted
 
-    def counters(self) -> dict[str, int | list[int]]:
-        """For /metrics, under vLLM's names."""
-        return {
-            "spec_decode_num_drafts": self.num_drafts,
-            "spec_decode_num_draft_tokens": self.num_draft_tokens,
-            "spec_decode_num_accepted_tokens": self.num_accepted_tokens,
-            "spec_decode_num_accepted_tokens_per_pos": list(self.accepted_per_position),
-        }
+    def snapshot(self) -> SpecDecodeCounters:
+        """The totals now, for /metrics."""
+        return SpecDecodeCounters(
+            num_drafts=self.num_drafts,
+            num_draft_tokens=self.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens,
+            num_accepted_tokens_per_pos=tuple(self.accepted_per_position),
+        )
 
 
 @dataclass

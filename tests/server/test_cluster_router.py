@@ -10,6 +10,7 @@ import pytest
 from model.sampling import SamplingParams
 from server.cluster.router import ReplicaReport, Router, report_from
 from server.engine.block_manager import BlockManager
+from server.engine.counters import EngineCounters, SpecDecodeCounters
 from server.engine.request import Request
 
 BS = 4
@@ -439,9 +440,14 @@ def test_a_report_crosses_as_builtins_by_field_name_and_comes_back_with_every_fi
         5,
         60,
         time=123.5,
-        prefix_cache_queries=7,
-        prefix_cache_hits=6,
-        preemptions=2,
+        counters=EngineCounters(
+            prefix_cache_queries=7,
+            prefix_cache_hits=6,
+            num_preemptions=2,
+            spec_decode=SpecDecodeCounters(
+                num_drafts=1, num_draft_tokens=3, num_accepted_tokens=2, num_accepted_tokens_per_pos=(1, 1)
+            ),
+        ),
         kv_cache_usage=0.25,
         pid=99,
         kernels="exact",
