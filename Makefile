@@ -10,8 +10,9 @@ BIN := $(VENV)/bin
 CHECKPOINT ?= checkpoints/shakespeare-small
 HOST ?= 127.0.0.1
 PORT ?= 8000
+DOCS_ADDR ?= 127.0.0.1:8001
 
-.PHONY: install install-test install-browser serve generate lint format test bench
+.PHONY: install install-test install-browser serve generate lint format docs docs-serve test bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,7 +49,17 @@ format: install-test
 	$(BIN)/ruff format .
 	$(BIN)/clang-format -i $(CSRC)
 
-test: lint install-browser
+# The documentation site (mkdocs.yml, docs/): the flags page regenerated from the parsers, then a strict
+# build (a broken link or a stale nav fails it) into site/. `make docs-serve` previews it with live reload.
+docs: install
+	$(BIN)/pip install --quiet -r docs/requirements.txt
+	$(BIN)/python docs/gen_flags.py
+	$(BIN)/mkdocs build --strict -d site
+
+docs-serve: docs
+	$(BIN)/mkdocs serve -a $(DOCS_ADDR)
+
+test: lint docs install-browser
 	$(BIN)/python -m pytest -q
 
 bench: install-test

@@ -1,5 +1,5 @@
 """The files a new user meets before any code runs: the Makefile's torch index, the README's commands,
-the package metadata (issue 23, items 7 and 9)."""
+the package metadata."""
 
 from __future__ import annotations
 
@@ -25,6 +25,30 @@ def test_make_takes_a_torch_index_and_passes_none_by_default():
     assert "--index-url" not in torch_line()
     cpu = "https://download.pytorch.org/whl/cpu"
     assert torch_line(f"TORCH_INDEX={cpu}").endswith(f'--index-url "{cpu}"')
+
+
+def make_dry_run(target: str) -> list[str]:
+    """The commands `make TARGET` would run, in order (`make -n`: none of them runs)."""
+    out = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_the_readmes_two_commands_run_what_it_says():
+    readme = (ROOT / "README.md").read_text()
+    serve = re.search(r"^make serve +# .*? on (http://[\w.]+:\d+)$", readme, flags=re.M)
+    test = re.search(r"^make test +# .*runs lint, the docs build and the whole test suite$", readme, flags=re.M)
+    assert serve and test, "the README's `make serve` and `make test` lines changed: update this test with them"
+    host, port = serve.group(1).removeprefix("http://").split(":")
+    assert make_dry_run("serve")[-1].endswith(
+        f"-m server --checkpoint checkpoints/shakespeare-small --host {host} --port {port}"
+    )
+    steps = make_dry_run("test")
+    order = [
+        next((i for i, line in enumerate(steps) if marker in line), None)
+        for marker in ("ruff check", "mkdocs build --strict", "-m pytest")
+    ]
+    assert None not in order and order == sorted(order), f"make test should lint, build the docs, then test: {steps}"
 
 
 def test_the_readme_never_pipes_into_a_bare_python():
