@@ -16,6 +16,7 @@ import torch
 from bench.common import base_parser, machine_info, resolve, write_result
 from model.checkpoint import load_model, load_tokenizer
 from model.sampling import SamplingParams
+from model.text import FINISH_LENGTH
 from server.engine import Engine, EngineConfig
 from server.engine.config import DEFAULT_KV_CACHE_MEMORY
 
@@ -70,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         "steps": steps,
         "wall_s": wall,
         "output_tokens_per_s": tokens / wall,
-        "all_finished_with_length": all(s[-1].finish_reason == "length" and len(s) == args.new_tokens for s in sinks),
+        "all_finished_with_length": all(
+            s[-1].finish_reason == FINISH_LENGTH and len(s) == args.new_tokens for s in sinks
+        ),
         "running_per_step": running_at,
     }
     print(

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 SUPPORTED_ARCHITECTURES = ("GPT2LMHeadModel",)
+SHAPE_KEYS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # required: they shape every tensor
 SUPPORTED_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")
 
 
@@ -55,19 +57,38 @@ class GPTConfig:
     n_head: int = 8
     layer_norm_epsilon: float = 1e-5
     dropout: float = 0.0  # used only in training
-    eos_token_id: int = 0
+    eos_token_id: int | tuple[int, ...] | None = 0  # one id or several (Llama 3 names three); None: not named
     bos_token_id: int = 0
 
     def __post_init__(self) -> None:
+        """Every value the model divides by, indexes with or sizes a tensor from, checked here, so that a bad
+        config.json is a ConfigError naming its key, never a ZeroDivisionError or a shape error later."""
+        for name in SHAPE_KEYS:
+            value = getattr(self, name)
+            if not _is_int(value) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head:
             raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        eps = self.layer_norm_epsilon
+        if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps < math.inf:
+            raise ConfigError(f"layer_norm_epsilon must be a positive number, got {eps!r}")
+        ids = self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
+        if self.eos_token_id is not None and not all(_is_int(i) and 0 <= i < self.vocab_size for i in ids):
+            raise ConfigError(
+                f"eos_token_id must be a token id in [0, {self.vocab_size}) or a list of them, "
+                f"got {self.eos_token_id!r}"
+            )
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The ids that end a sequence, as config.json names them: none, one or several."""
+        if self.eos_token_id is None:
+            return ()
+        return self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
 
     def replace(self, **changes) -> GPTConfig:
         return dataclasses.replace(self, **changes)
@@ -100,12 +121,7 @@ class GPTConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> GPTConfig:
-        archs = d.get("architectures") or ["GPT2LMHeadModel"]
-        if d.get("model_type", "gpt2") != "gpt2" or not set(archs) & set(SUPPORTED_ARCHITECTURES):
-            raise ConfigError(
-                f"unknown architecture: model_type={d.get('model_type')!r}, architectures={archs}; "
-                f"this project runs only {SUPPORTED_ARCHITECTURES} (model_type 'gpt2')"
-            )
+        check_architecture(d)
         act = d.get("activation_function", "gelu_new")
         if act not in SUPPORTED_ACTIVATIONS:
             raise ConfigError(f"unsupported activation_function {act!r}; expected one of {SUPPORTED_ACTIVATIONS}")
@@ -126,7 +142,7 @@ class GPTConfig:
             n_head=d["n_head"],
             layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5),
             dropout=0.0,
-            eos_token_id=eos if isinstance(eos, int) else 0,
+            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
             bos_token_id=d.get("bos_token_id") if isinstance(d.get("bos_token_id"), int) else 0,
         )
 
@@ -135,19 +151,41 @@ class GPTConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> GPTConfig:
+        """The config at `path`; ConfigError with one line naming the file (and the key, where one is wrong)."""
         try:
             d = json.loads(Path(path).read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path} is not valid JSON: {e}") from e
+        except OSError as e:
+            raise ConfigError(f"{path} cannot be read: {e.strerror or e}") from e
         if not isinstance(d, dict):
             raise ConfigError(f"{path} is not a JSON object")
-        missing = [k for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head") if k not in d]
-        if missing:
-            raise ConfigError(f"{path} lacks required keys {missing}")
         try:
+            check_architecture(d)  # before the keys: another family's config lacks GPT-2's
+            missing = [k for k in SHAPE_KEYS if k not in d]
+            if missing:
+                raise ConfigError(f"lacks required keys {missing}")
             return cls.from_hf_dict(d)
-        except TypeError as e:  # a value of the wrong type, e.g. "n_embd": "256"
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from e
+        except TypeError as e:  # a value of the wrong type where no check names it
             raise ConfigError(f"{path} has a value of the wrong type: {e}") from e
+
+
+def check_architecture(d: dict) -> None:
+    """ConfigError naming the architecture a config.json describes, unless this project runs it."""
+    archs = d.get("architectures") or ["GPT2LMHeadModel"]
+    model_type = d.get("model_type", "gpt2")
+    if model_type != "gpt2" or not set(archs) & set(SUPPORTED_ARCHITECTURES):
+        found = ", ".join(map(str, archs)) if isinstance(archs, list) else repr(archs)
+        raise ConfigError(
+            f"unsupported architecture {found} (model_type {model_type}); "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)} (model_type gpt2)"
+        )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # Named presets: the shapes this project trains.

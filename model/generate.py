@@ -57,7 +57,7 @@ class Step:
     token_id: int
     text: str  # text this token completed (may be '' mid-character or while a stop string is pending)
     logprob: float
-    finish_reason: str | None  # 'length', 'eos', 'stop' on the last step
+    finish_reason: str | None  # on the last step: FINISH_LENGTH, FINISH_EOS or FINISH_STOP (model.text)
 
 
 def generate(

@@ -7,6 +7,11 @@ from __future__ import annotations
 from model.sampling import SamplingParams
 from model.tokenizer import Tokenizer
 
+# Why a sequence ended, the one set of names for it: the three reasons generation stops on its own, decided
+# here, and the two a serving engine stops it for (cancelled, or failed).
+FINISH_LENGTH, FINISH_EOS, FINISH_STOP = "length", "eos", "stop"
+FINISH_ABORT, FINISH_ERROR = "abort", "error"
+
 
 class StopMatcher:
     """Finds stop strings in streamed text, even when they span tokens, and never lets one leak:
@@ -47,10 +52,11 @@ class StopMatcher:
 
 
 class OutputText:
-    """One sequence's text and finish reason ('eos', 'stop' or 'length' once it is done)."""
+    """One sequence's text and finish reason (FINISH_EOS, FINISH_STOP or FINISH_LENGTH once it is done).
+    Any of the tokenizer's EOS ids ends it (a checkpoint may name several: Llama 3's do)."""
 
     def __init__(self, tokenizer: Tokenizer, params: SamplingParams) -> None:
-        self.params, self.eos_token_id = params, tokenizer.eos_token_id
+        self.params, self.eos_token_ids = params, frozenset(tokenizer.eos_token_ids)
         self._decoder, self._stops = tokenizer.stream(skip_special=True), StopMatcher(params.stop)
         self.num_tokens = 0
         self.finish_reason: str | None = None
@@ -58,12 +64,13 @@ class OutputText:
     def push(self, token_id: int) -> str:
         """The text this token completes ('' mid-character or while a stop string may be starting)."""
         self.num_tokens += 1
-        eos = token_id == self.eos_token_id and not self.params.ignore_eos
+        eos = token_id in self.eos_token_ids and not self.params.ignore_eos
         text = "" if eos else self._stops.push(self._decoder.push(token_id))
         last = eos or self._stops.matched is not None or self.num_tokens >= self.params.max_new_tokens
         if last and self._stops.matched is None:  # release what was held back: a torn character, a stop prefix
             text += self._stops.push(self._decoder.flush())
             text += self._stops.flush()
         if last:
-            self.finish_reason = "stop" if self._stops.matched is not None else "eos" if eos else "length"
+            stopped = self._stops.matched is not None
+            self.finish_reason = FINISH_STOP if stopped else FINISH_EOS if eos else FINISH_LENGTH
         return text

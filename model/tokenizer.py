@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -36,14 +36,25 @@ def _unicode_to_byte() -> dict[str, int]:
 class Tokenizer:
     """Wraps a `tokenizers.Tokenizer`; knows each token's exact bytes so streaming is lossless."""
 
-    def __init__(self, hf: HFTokenizer, chat_template: str | None = None) -> None:
+    def __init__(
+        self, hf: HFTokenizer, chat_template: str | None = None, eos_token_ids: Sequence[int] | None = None
+    ) -> None:
+        """`eos_token_ids`: the ids that end a sequence, as the checkpoint names them (checkpoint.load_tokenizer);
+        none given, the id of `<|endoftext|>` if the vocabulary has it."""
         self.hf = hf
         self.chat_template = chat_template  # a Jinja template for chat messages (tokenizer_config.json), if any
         self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
-        eos = hf.token_to_id(EOS_TOKEN)
-        self.eos_token_id: int | None = eos
+        if not eos_token_ids:
+            default = hf.token_to_id(EOS_TOKEN)
+            eos_token_ids = () if default is None else (default,)
+        self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids)  # any of them ends a sequence
         self.special_ids = frozenset(i for i, t in hf.get_added_tokens_decoder().items() if t.special)
         self._token_bytes = [self._bytes_of(i) for i in range(self.vocab_size)]
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The first EOS id: the one written where one is needed (a chat template's eos_token, training text)."""
+        return self.eos_token_ids[0] if self.eos_token_ids else None
 
     def _bytes_of(self, token_id: int) -> bytes:
         piece = self.hf.id_to_token(token_id)
@@ -58,7 +69,7 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path: str | Path) -> Tokenizer:
-        return cls(HFTokenizer.from_file(str(path)))
+        return cls(read_tokenizer_file(path))
 
     def save(self, path: str | Path) -> None:
         self.hf.save(str(path))
@@ -83,6 +94,15 @@ class Tokenizer:
 
     def stream(self, skip_special: bool = False) -> StreamDecoder:
         return StreamDecoder(self, skip_special)
+
+
+def read_tokenizer_file(path: str | Path) -> HFTokenizer:
+    """The `tokenizers` tokenizer saved at `path`; TokenizerError naming the file if it cannot be read or parsed
+    (the library's own message names neither)."""
+    try:
+        return HFTokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - the Rust library raises a bare Exception for I/O and parse errors
+        raise TokenizerError(f"{path} cannot be read as a tokenizer: {e}") from e
 
 
 class StreamDecoder:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from server.api.generation import tokens_of
 from server.api.protocol_openai import CompletionTokensDetails, PromptTokensDetails, Usage
-from server.engine import FINISH_EOS, FINISH_STOP, TokenOutput
+from server.engine import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, TokenOutput
 
-OPENAI_FINISH = {"length": "length", FINISH_EOS: "stop", FINISH_STOP: "stop"}
+OPENAI_FINISH = {FINISH_LENGTH: "length", FINISH_EOS: "stop", FINISH_STOP: "stop"}
 
 
 def usage_so_far(prompt_tokens: int, generated: int) -> Usage:

@@ -32,10 +32,10 @@ from server.api.protocol import (
 )
 from server.api.seeds import copies_of, seed_for
 from server.api.sse import error_event, sse, sse_response
-from server.engine import FINISH_EOS, FINISH_ERROR, FINISH_STOP, Engine, TokenOutput
+from server.engine import FINISH_EOS, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, Engine, TokenOutput
 
 DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default, cut to what the context leaves
-TGI_FINISH = {"length": "length", FINISH_EOS: "eos_token", FINISH_STOP: "stop_sequence"}
+TGI_FINISH = {FINISH_LENGTH: "length", FINISH_EOS: "eos_token", FINISH_STOP: "stop_sequence"}
 
 
 def tgi_sampling_params(p: GenerateParameters, prompt_len: int, engine: Engine, limits: Limits) -> SamplingParams:

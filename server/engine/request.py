@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 
 from model.sampling import SamplingParams
 
-_ids = itertools.count()
+# Why a request ended: named once, in model.text; imported from here by the engine's modules.
+from model.text import FINISH_ABORT, FINISH_EOS, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP  # noqa: F401
 
-# Why a request ended: the three reasons generation stops on its own, and the two it is stopped.
-FINISH_LENGTH, FINISH_EOS, FINISH_STOP = "length", "eos", "stop"
-FINISH_ABORT, FINISH_ERROR = "abort", "error"
+_ids = itertools.count()
 
 
 class RequestStatus(enum.Enum):

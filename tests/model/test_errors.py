@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
-from model.checkpoint import CheckpointError, load_model, load_tokenizer
+from model.checkpoint import CheckpointError, inspect_checkpoint, load_model, load_tokenizer
 from model.config import PromptError
 from model.generate import generate
 from model.sampling import SamplingError, SamplingParams
@@ -91,12 +93,81 @@ def test_shape_mismatch_names_the_tensor(broken_copy):
         load_model(broken_copy)
 
 
+LLAMA_CONFIG = {  # the keys of a Llama checkpoint's config.json that matter here: none of GPT-2's
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "max_position_embeddings": 128,
+    "vocab_size": 400,
+}
+UNSUPPORTED_LLAMA = "unsupported architecture LlamaForCausalLM (model_type llama); supported: GPT2LMHeadModel"
+
+
 def test_unknown_architecture_is_refused(broken_copy):
     config = json.loads((broken_copy / "config.json").read_text())
     config["model_type"], config["architectures"] = "llama", ["LlamaForCausalLM"]
     (broken_copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="unknown architecture.*llama"):
+    with pytest.raises(CheckpointError, match=re.escape(UNSUPPORTED_LLAMA)):
         load_model(broken_copy)
+
+
+def test_another_familys_config_names_its_architecture_not_the_gpt2_keys_it_lacks(broken_copy):
+    """A Llama config.json lacks n_positions and the other GPT-2 keys: what is wrong is the architecture."""
+    (broken_copy / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    with pytest.raises(CheckpointError, match=re.escape(UNSUPPORTED_LLAMA)) as raised:
+        inspect_checkpoint(broken_copy)
+    assert "config.json" in str(raised.value) and "lacks required keys" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("n_head", 0, "n_head must be a positive integer, got 0"),
+        ("n_layer", 0, "n_layer must be a positive integer, got 0"),
+        ("vocab_size", -1, "vocab_size must be a positive integer, got -1"),
+        ("n_positions", 0, "n_positions must be a positive integer, got 0"),
+        ("n_embd", 0, "n_embd must be a positive integer, got 0"),
+        ("n_head", "4", "n_head must be a positive integer, got '4'"),
+        ("n_head", 3, "n_embd (32) must be divisible by n_head (3)"),
+        ("layer_norm_epsilon", 0, "layer_norm_epsilon must be a positive number, got 0"),
+        ("eos_token_id", 100000, "eos_token_id must be a token id in [0, "),
+    ],
+)
+def test_a_config_value_that_cannot_shape_the_model_is_named_with_its_key(broken_copy, key, value, message):
+    """Refused when config.json is read, before anything divides by it (n_head 0 was a ZeroDivisionError)."""
+    config = json.loads((broken_copy / "config.json").read_text())
+    config[key] = value
+    (broken_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=re.escape(message)) as raised:
+        inspect_checkpoint(broken_copy)
+    assert str(raised.value).startswith(str(broken_copy / "config.json")), raised.value
+
+
+def test_non_finite_weights_are_refused_naming_the_tensor(broken_copy):
+    """A NaN weight turns every answer into NaN: the checkpoint does not load."""
+    weights = load_file(str(broken_copy / "model.safetensors"))
+    weights["transformer.h.1.mlp.c_fc.weight"][0, 3] = float("nan")
+    save_file(weights, str(broken_copy / "model.safetensors"))
+    named = re.escape("model.safetensors: tensor transformer.h.1.mlp.c_fc.weight holds NaN")
+    with pytest.raises(CheckpointError, match=named):
+        load_model(broken_copy)
+
+
+@pytest.mark.parametrize("damage", ["not_json", "unreadable"])
+def test_a_tokenizer_file_that_cannot_be_read_is_named(broken_copy, damage):
+    """The tokenizers library's own message ('expected value at line 1', 'Input/output error (os error 5)')
+    names no file. Unreadable: a link to a file whose read fails even for root (reading /proc/self/mem at
+    offset 0)."""
+    path = broken_copy / "tokenizer.json"
+    path.unlink()
+    if damage == "not_json":
+        path.write_text("not json")
+    else:
+        path.symlink_to("/proc/self/mem")
+    with pytest.raises(CheckpointError, match=f"{re.escape(str(path))} cannot be read as a tokenizer: .+"):
+        load_tokenizer(broken_copy)
 
 
 def test_missing_directory_is_named(tmp_path):
