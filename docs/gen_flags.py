@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -91,13 +92,19 @@ def _meaning(action: argparse.Action, prog: str) -> str:
     return _cell(text)
 
 
-def _groups(ap: argparse.ArgumentParser) -> list[tuple[str, list[argparse.Action]]]:
+def _linked(text: str) -> str:
+    """A group description's docs/PAGE.md paths as links from this page (docs/reference/)."""
+    return re.sub(r"\bdocs/([\w/.-]+\.md)\b", r"[\1](../\1)", text)
+
+
+def _groups(ap: argparse.ArgumentParser) -> list[tuple[str, str | None, list[argparse.Action]]]:
+    """(title, description, options) of each argument group that has options, in the parser's order."""
     groups = []
     for group in ap._action_groups:
         actions = [a for a in group._group_actions if a.option_strings]
         if actions:
             title = "general" if group is ap._optionals else group.title
-            groups.append((title, actions))
+            groups.append((title, group.description, actions))
     return groups
 
 
@@ -115,8 +122,10 @@ def render() -> str:
             out.append(_cell(ap.description) + "\n")
         if command != "python -m server":
             out.append(CLUSTER_NOTE)
-        for title, actions in _groups(ap):
+        for title, description, actions in _groups(ap):
             out.append(f"### {title[0].upper()}{title[1:]}\n")
+            if description:
+                out.append(_cell(_linked(description[0].upper() + description[1:])) + ".\n")
             out.append("| flag | default | meaning |\n|---|---|---|")
             for action in actions:
                 out.append(f"| {_invocation(action)} | {_default(action)} | {_meaning(action, ap.prog)} |")

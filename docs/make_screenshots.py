@@ -1,5 +1,5 @@
-"""Regenerates the playground screenshots of the README: docs/images/playground.png and attention.png, then
-race.png and kv-map.png, which the browser test of the race and the map takes itself
+"""Regenerates the screenshots of the docs' playground page (docs/playground.md): docs/images/playground.png
+and attention.png, then race.png and kv-map.png, which the browser test of the race and the map takes itself
 (tests/server/test_kv_browser.py, always on the default model).
 
     .venv/bin/python docs/make_screenshots.py [--checkpoint checkpoints/shakespeare-small] [--only-kv]

@@ -60,7 +60,12 @@ EXIT_USAGE, EXIT_STARTUP = 2, 1  # a bad flag value (argparse's status too); a c
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m server", description="Serve a checkpoint: TGI and OpenAI APIs.")
-    ap.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
+    ap.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=DEFAULT_CHECKPOINT,
+        help="the checkpoint directory: config.json, model.safetensors, tokenizer.json",
+    )
     ap.add_argument(
         "--served-model-name",
         nargs="+",
@@ -69,11 +74,15 @@ def parser() -> argparse.ArgumentParser:
         help="the model name(s) requests may ask for, as in vLLM; answers report the first "
         "(default: the checkpoint directory's name)",
     )
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to listen on (0.0.0.0, every interface, only behind --api-key or a proxy you trust)",
+    )
+    ap.add_argument("--port", type=int, default=8000, help="the port to listen on")
     ap.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:1...")
     ap.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
-    eng = ap.add_argument_group("engine (see 'The KV cache' in README.md)")
+    eng = ap.add_argument_group("engine", "see docs/how-it-works/kv-cache.md and docs/how-it-works/scheduling.md")
     defaults = EngineConfig()
     eng.add_argument(
         "--max-num-seqs",
@@ -164,7 +173,7 @@ def parser() -> argparse.ArgumentParser:
         "per this many ms (a request's first and last tokens at once): fewer wake-ups where steps are "
         "faster (default: 0 here, every step; 5 on the replicas of `python -m server.cluster`)",
     )
-    spec = ap.add_argument_group("speculative decoding (see 'Speculative decoding' in README.md)")
+    spec = ap.add_argument_group("speculative decoding", "see docs/speculative.md")
     spec.add_argument(
         "--speculative",
         choices=["ngram"],
@@ -217,7 +226,7 @@ def parser() -> argparse.ArgumentParser:
         help="a browser origin allowed to call the API, e.g. http://localhost:3000 (repeatable; "
         "default: none, CORS off)",
     )
-    lim = ap.add_argument_group("limits (each refusal names its flag; see 'Limits and security' in README.md)")
+    lim = ap.add_argument_group("limits", "each refusal names its flag; see docs/api/limits.md")
     lim.add_argument(
         "--max-body-bytes", type=_at_least(int, 0), default=2_000_000, help="larger request bodies get 413"
     )

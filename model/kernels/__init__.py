@@ -8,7 +8,7 @@
   column at load, activations per token in the kernel (AVX512-VNNI); still batch-invariant.
 - **stock** (`stock.py`): torch's own kernels. Used on CUDA, for float16 and float64, and on a
   CPU where the exact kernels cannot be built (no compiler, no AVX2); there cached and uncached logits
-  agree within a tolerance instead (README.md, "What identical means").
+  agree within a tolerance instead (docs/how-it-works/identical.md).
 
 `choose_backend(model, name)` builds one; `kernels_for(device, dtype)` says which runs where, and
 `KVSERVE_KERNELS=stock` forces the stock kernels everywhere.

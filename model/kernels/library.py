@@ -35,8 +35,8 @@ def handle():
                 _unavailable = str(e)
                 log.warning(
                     "exact kernels unavailable, using torch's kernels instead: cached and uncached logits "
-                    "then agree within 1e-4 in float32, not bit for bit (README.md, 'What identical "
-                    "means'). Reason: %s",
+                    "then agree within 1e-4 in float32, not bit for bit (docs/how-it-works/identical.md). "
+                    "Reason: %s",
                     e,
                 )
     return _lib

@@ -149,7 +149,7 @@ def test_negative_control_stock_kernels_are_not_bit_identical(stock_default_mode
     assert any(differs), "torch's kernels gave bit-identical logits: the exact tests above would not have teeth"
 
 
-# The stock kernels' tolerances (README.md, "What identical means"): float32 cached and uncached logits
+# The stock kernels' tolerances (docs/how-it-works/identical.md): float32 cached and uncached logits
 # agree within 1e-4 (|logit| up to ~20 here), float64 within 1e-10, bfloat16 and float16 within two
 # units of their spacing at |logit| in [8, 16).
 # (bfloat16 products are slow on a CPU through torch: a shorter text there; float16 ones slower still, so

@@ -1,7 +1,7 @@
 """The race and the KV-block map in a real headless Chromium, against the default model served with a
 small pool (64 blocks of 16 tokens), so that the uncached lane's climb and the demo's eviction and
 preemption happen in a few seconds. Screenshots: race.png and kv-map.png in $KVSERVE_ARTIFACTS/playground
-(docs/make_screenshots.py runs these same tests into docs/images/ for the README).
+(docs/make_screenshots.py runs these same tests into docs/images/ for the docs' playground page).
 
 Same needs as test_playground_browser.py (Debian's chromium, the playwright package); skipped without them.
 """
