@@ -1,0 +1,11 @@
+"""The SwiGLU gate: silu(gate) * up."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate, up: (..., intermediate) -> (..., intermediate)."""
+    return F.silu(gate) * up
