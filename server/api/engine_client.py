@@ -7,14 +7,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+import torch
+
 from model.config import GPTConfig
 from model.sampling import SamplingParams
 from model.tokenizer import Tokenizer
 from server.engine import EngineConfig, EngineInfo, TokenOutput
 from server.engine.counters import EngineCounters
+from server.engine.kv_view import KVSnapshot
 from server.engine.step_stats import StepStatsSnapshot
 
 Sink = Callable[[TokenOutput], None]
+
+
+class NotInProcessError(RuntimeError):
+    """Asked of an engine whose model and block pool live in other processes (the cluster's replicas) what
+    only their own process can answer: the KV-cache view, attention weights."""
 
 
 class EngineClient(Protocol):
@@ -77,6 +85,15 @@ class EngineClient(Protocol):
 
     def step_stats_snapshot(self) -> StepStatsSnapshot:
         """Step time and tokens per step so far, with the step budget in force."""
+
+    # inspection, between two steps of the engine; NotInProcessError where `info.in_process` is False
+    async def kv_snapshot(self) -> KVSnapshot:
+        """The block pool now (server/engine/kv_view.py). Raises EngineStoppedError once the engine stopped."""
+
+    async def attention_rows(self, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
+        """What the first generated tokens attended to, from one uncached recompute: (n_layer, n_head, Q,
+        P + Q), rounded, on the CPU (server/engine/attention_rows.py). Raises EngineStoppedError once the
+        engine stopped."""
 
     # the app's life cycle
     def start(self) -> EngineClient: ...

@@ -11,9 +11,10 @@ from fastapi import Request
 
 from model.config import ContextLengthError, PromptError
 from model.sampling import SamplingParams
+from server.api.engine_client import EngineClient
 from server.api.errors import APIError
 from server.api.metrics import Metrics
-from server.engine import FINISH_ABORT, FINISH_ERROR, AsyncSink, Engine, EngineStoppedError, QueueFullError, TokenOutput
+from server.engine import FINISH_ABORT, FINISH_ERROR, AsyncSink, EngineStoppedError, QueueFullError, TokenOutput
 
 
 class Generation:
@@ -25,7 +26,7 @@ class Generation:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: EngineClient,
         metrics: Metrics,
         prompts: list[list[int]],
         params: list[SamplingParams],
@@ -197,7 +198,7 @@ def tokens_of(outs: list[TokenOutput]) -> list[TokenOutput]:
     return [o for o in outs if o.token_id is not None]
 
 
-def _check_fits_queue(engine: Engine, prompts: int, copies: int) -> None:
+def _check_fits_queue(engine: EngineClient, prompts: int, copies: int) -> None:
     """A request whose sequences exceed what the engine ever holds at once (running and waiting) is a 422,
     never a 429 that no retry can turn into a success. An engine in other processes (the cluster) takes
     each prompt on a replica of its own choosing: there, one prompt's copies must fit one replica."""

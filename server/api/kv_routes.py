@@ -19,11 +19,12 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from server.api.engine_client import EngineClient, NotInProcessError
 from server.api.errors import APIError
 from server.api.openapi_responses import EVENT_STREAM, EventStreamResponse, json_events
 from server.api.sse import SSE_HEADERS
-from server.engine import Engine, EngineStoppedError
-from server.engine.kv_view import KVSnapshot, kv_snapshot
+from server.engine import EngineStoppedError
+from server.engine.kv_view import KVSnapshot
 
 KV_STREAM_PERIOD = 0.1  # seconds between two snapshots while someone watches: the view's bound on the engine
 KV_STREAM_MAX_S = 600.0  # a stream ends after this long (the page reconnects): no watcher holds up a shutdown
@@ -32,21 +33,23 @@ KEEP_ALIVE_S = 15.0  # a comment line when nothing changed for this long, so pro
 router = APIRouter()
 
 
-def _check_in_process(engine: Engine) -> None:
+NOT_IN_PROCESS = (
+    "the KV-cache view needs the engine in this process (python -m server), not behind the cluster's ingress"
+)
+
+
+def _check_in_process(engine: EngineClient) -> None:
+    """Refuses a view before it starts (a stream's status comes before its first snapshot)."""
     if not engine.info.in_process:
-        raise APIError(
-            422,
-            "the KV-cache view needs the engine in this process (python -m server), not behind the cluster's ingress",
-            "validation",
-        )
+        raise APIError(422, NOT_IN_PROCESS, "validation")
 
 
-async def take_snapshot(engine: Engine) -> KVSnapshot:
-    """One snapshot, taken between two steps; 503 once the engine has stopped."""
-    _check_in_process(engine)
+async def take_snapshot(engine: EngineClient) -> KVSnapshot:
+    """One snapshot, taken between two steps; 422 behind the cluster's ingress, 503 once the engine has stopped."""
     try:
-        future = engine.run_between_steps(lambda: kv_snapshot(engine.blocks, engine.scheduler))
-        return await asyncio.wrap_future(future)
+        return await engine.kv_snapshot()
+    except NotInProcessError as e:
+        raise APIError(422, NOT_IN_PROCESS, "validation") from e
     except EngineStoppedError as e:
         raise APIError(503, "the server is shutting down", "unavailable") from e
 
@@ -54,7 +57,7 @@ async def take_snapshot(engine: Engine) -> KVSnapshot:
 class KVWatch:
     """The one snapshot loop of an app, shared by all its watchers; it runs only while there is one."""
 
-    def __init__(self, engine: Engine, is_shutting_down: Callable[[], bool]) -> None:
+    def __init__(self, engine: EngineClient, is_shutting_down: Callable[[], bool]) -> None:
         self.engine, self.is_shutting_down = engine, is_shutting_down
         self._queues: set[asyncio.Queue] = set()
         self._task: asyncio.Task | None = None

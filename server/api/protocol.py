@@ -186,7 +186,7 @@ class Timing(BaseModel):
 class AttentionWeights(BaseModel):
     """Our addition: what the generated tokens attended to, from one uncached recompute of prompt +
     generated ids. Query j is the token at position query_start + j (the first generated tokens, at most
-    `server.api.attention_view.MAX_ATTENTION_QUERIES`); keys are positions 0..len(tokens)-1."""
+    `server.engine.attention_rows.MAX_ATTENTION_QUERIES`); keys are positions 0..len(tokens)-1."""
 
     tokens: list[str]  # text of every token (prompt, then generated) up to the last query
     query_start: int  # position of the first query token = prompt length

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from model.sampling import SamplingParams
 from server.api.chat_template import ChatTemplateError, ContentError, render, text_content
 from server.api.encoding import encode
+from server.api.engine_client import EngineClient
 from server.api.errors import APIError
 from server.api.generation import Generation, tokens_of
 from server.api.limits import Limits
@@ -36,10 +37,10 @@ from server.api.protocol_openai import (
 )
 from server.api.seeds import copies_of, seed_for
 from server.api.sse import DONE, NOTHING_YET, error_event, sse, sse_response
-from server.engine import FINISH_ERROR, Engine, TokenOutput
+from server.engine import FINISH_ERROR, TokenOutput
 
 
-def chat_prompt(engine: Engine, messages: list[ChatMessage], add_generation_prompt: bool, model_name: str) -> str:
+def chat_prompt(engine: EngineClient, messages: list[ChatMessage], add_generation_prompt: bool, model_name: str) -> str:
     """The messages rendered through the checkpoint's chat template (a 400 without one, as vLLM)."""
     template = engine.tokenizer.chat_template
     if template is None:
@@ -63,7 +64,7 @@ def chat_prompt(engine: Engine, messages: list[ChatMessage], add_generation_prom
         raise APIError(400, str(e), "invalid_request") from e
 
 
-def chat_params(body: ChatCompletionRequest, engine: Engine, limits: Limits, prompt_len: int) -> SamplingParams:
+def chat_params(body: ChatCompletionRequest, engine: EngineClient, limits: Limits, prompt_len: int) -> SamplingParams:
     temperature = 1.0 if body.temperature is None else body.temperature
     max_new = body.max_new_tokens or max(1, min(engine.context_length - prompt_len, limits.max_new_tokens or 10**9))
     limits.check_new_tokens(max_new, "max_tokens")
@@ -87,7 +88,7 @@ def chat_params(body: ChatCompletionRequest, engine: Engine, limits: Limits, pro
     )
 
 
-def _logprobs(engine: Engine, outs: list[TokenOutput], top: int) -> ChatChoiceLogprobs:
+def _logprobs(engine: EngineClient, outs: list[TokenOutput], top: int) -> ChatChoiceLogprobs:
     def entry(token_id: int, text: str, logprob: float) -> dict:
         return dict(token=text, logprob=logprob, bytes=list(engine.tokenizer.token_bytes(token_id)))
 
@@ -107,7 +108,12 @@ def _logprobs(engine: Engine, outs: list[TokenOutput], top: int) -> ChatChoiceLo
 
 
 async def chat_completion(
-    request: Request, body: ChatCompletionRequest, engine: Engine, metrics: Metrics, limits: Limits, names: ServedNames
+    request: Request,
+    body: ChatCompletionRequest,
+    engine: EngineClient,
+    metrics: Metrics,
+    limits: Limits,
+    names: ServedNames,
 ):
     names.check(body.model)
     limits.check_stop(body.stop_list, "stop")
@@ -149,7 +155,7 @@ async def chat_completion(
 
 
 async def _chat_events(
-    engine: Engine,
+    engine: EngineClient,
     events: AsyncIterator[tuple[int, TokenOutput]],
     head: dict,
     body: ChatCompletionRequest,

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 
 from model.sampling import SamplingParams
 from server.api.encoding import encode
+from server.api.engine_client import EngineClient
 from server.api.generation import Generation, tokens_of
 from server.api.limits import Limits
 from server.api.metrics import Metrics
@@ -29,10 +30,10 @@ from server.api.protocol_openai import (
 )
 from server.api.seeds import copies_of, seed_for
 from server.api.sse import DONE, NOTHING_YET, error_event, sse_response
-from server.engine import FINISH_ERROR, Engine, TokenOutput
+from server.engine import FINISH_ERROR, TokenOutput
 
 
-def completion_params(r: CompletionRequest, engine: Engine, limits: Limits) -> SamplingParams:
+def completion_params(r: CompletionRequest, engine: EngineClient, limits: Limits) -> SamplingParams:
     """OpenAI's rule: temperature defaults to 1 (sampling); temperature 0 is greedy."""
     temperature = 1.0 if r.temperature is None else r.temperature
     max_tokens = min(16, limits.max_new_tokens or 16) if r.max_tokens is None else r.max_tokens
@@ -58,7 +59,7 @@ def completion_params(r: CompletionRequest, engine: Engine, limits: Limits) -> S
     )
 
 
-async def prompt_ids_of(engine: Engine, prompts: list[str | list[int]], limits: Limits) -> list[list[int]]:
+async def prompt_ids_of(engine: EngineClient, prompts: list[str | list[int]], limits: Limits) -> list[list[int]]:
     limits.check_count("prompt (a list of prompts)", len(prompts), "max_prompts")
     out = []
     for p in prompts:
@@ -73,7 +74,7 @@ class LogprobsBuilder:
     `top` is the request's `logprobs`: None gives no top_logprobs; 0 gives each token's own entry only,
     as vLLM does; k gives the k likeliest and the chosen token."""
 
-    def __init__(self, engine: Engine, top: int | None) -> None:
+    def __init__(self, engine: EngineClient, top: int | None) -> None:
         self.decode, self.top = engine.tokenizer.decode, top
 
     def prompt(self, prompt_ids: list[int], first: TokenOutput | None) -> CompletionLogprobs:
@@ -134,7 +135,12 @@ def _join(a: CompletionLogprobs | None, b: CompletionLogprobs) -> CompletionLogp
 
 
 async def openai_completion(
-    request: Request, body: CompletionRequest, engine: Engine, metrics: Metrics, limits: Limits, names: ServedNames
+    request: Request,
+    body: CompletionRequest,
+    engine: EngineClient,
+    metrics: Metrics,
+    limits: Limits,
+    names: ServedNames,
 ):
     names.check(body.model)
     limits.check_stop(body.stop_list, "stop")

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from model.sampling import SamplingParams
 from server.api.attention_view import attention_of_generation
 from server.api.encoding import encode
+from server.api.engine_client import EngineClient
 from server.api.errors import APIError
 from server.api.generation import Generation, tokens_of
 from server.api.limits import Limits
@@ -32,13 +33,13 @@ from server.api.protocol import (
 )
 from server.api.seeds import copies_of, seed_for
 from server.api.sse import error_event, sse, sse_response
-from server.engine import FINISH_EOS, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, Engine, TokenOutput
+from server.engine import FINISH_EOS, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, TokenOutput
 
 DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default, cut to what the context leaves
 TGI_FINISH = {FINISH_LENGTH: "length", FINISH_EOS: "eos_token", FINISH_STOP: "stop_sequence"}
 
 
-def tgi_sampling_params(p: GenerateParameters, prompt_len: int, engine: Engine, limits: Limits) -> SamplingParams:
+def tgi_sampling_params(p: GenerateParameters, prompt_len: int, engine: EngineClient, limits: Limits) -> SamplingParams:
     """TGI's rule: sampling happens when do_sample is true, or when temperature (!= 1), top_k or
     top_p (< 1) is given; otherwise decoding is greedy and those fields are ignored. A missing
     max_new_tokens is min(100, context - prompt length, --max-new-tokens)."""
@@ -70,11 +71,11 @@ def tgi_sampling_params(p: GenerateParameters, prompt_len: int, engine: Engine, 
     )
 
 
-def _token(engine: Engine, out: TokenOutput) -> Token:
+def _token(engine: EngineClient, out: TokenOutput) -> Token:
     return Token(id=out.token_id, text=out.text, logprob=out.logprob, special=out.special)
 
 
-def _top_tokens(engine: Engine, out: TokenOutput) -> list[Token] | None:
+def _top_tokens(engine: EngineClient, out: TokenOutput) -> list[Token] | None:
     if out.top_logprobs is None:
         return None
     special = engine.tokenizer.special_ids
@@ -83,7 +84,7 @@ def _top_tokens(engine: Engine, out: TokenOutput) -> list[Token] | None:
     ]
 
 
-def _prefill(engine: Engine, prompt_ids: list[int], first: TokenOutput) -> list[PrefillToken]:
+def _prefill(engine: EngineClient, prompt_ids: list[int], first: TokenOutput) -> list[PrefillToken]:
     """details.prefill: each prompt token with its logprob (None for the first)."""
     if first.prompt_logprobs is None:
         return []
@@ -114,7 +115,7 @@ def _sequence_logprob(outs: list[TokenOutput]) -> float:
 async def tgi_generate(
     request: Request,
     body: GenerateRequest,
-    engine: Engine,
+    engine: EngineClient,
     metrics: Metrics,
     limits: Limits,
     *,
@@ -216,7 +217,7 @@ def tgi_token_event(out: TokenOutput) -> str:
 
 
 async def _tgi_events(
-    engine: Engine,
+    engine: EngineClient,
     events: AsyncIterator[tuple[int, TokenOutput]],
     prefix: str,
     prompt_ids: list[int],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from model.tokenizer import TokenizerError
 from server.api.encoding import encode
+from server.api.engine_client import EngineClient
 from server.api.errors import APIError
 from server.api.model_names import ServedNames
 from server.api.protocol_tokenize import (
@@ -15,12 +16,11 @@ from server.api.protocol_tokenize import (
     TokenizerInfo,
 )
 from server.api.serving_chat import chat_prompt
-from server.engine import Engine
 
 TOKENIZER_CLASS = "GPT2Tokenizer"  # the class transformers' AutoTokenizer loads a gpt2 checkpoint's tokenizer.json as
 
 
-async def tokenize(body: TokenizeRequest, engine: Engine, names: ServedNames) -> TokenizeResponse:
+async def tokenize(body: TokenizeRequest, engine: EngineClient, names: ServedNames) -> TokenizeResponse:
     names.check(body.model)
     text = (
         body.prompt
@@ -32,7 +32,7 @@ async def tokenize(body: TokenizeRequest, engine: Engine, names: ServedNames) ->
     return TokenizeResponse(count=len(ids), max_model_len=engine.context_length, tokens=ids, token_strs=strs)
 
 
-def detokenize(body: DetokenizeRequest, engine: Engine, names: ServedNames) -> DetokenizeResponse:
+def detokenize(body: DetokenizeRequest, engine: EngineClient, names: ServedNames) -> DetokenizeResponse:
     names.check(body.model)
     try:
         return DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens))
@@ -40,7 +40,7 @@ def detokenize(body: DetokenizeRequest, engine: Engine, names: ServedNames) -> D
         raise APIError(422, f"tokens: {e}", "validation") from e
 
 
-def tokenizer_info(engine: Engine) -> TokenizerInfo:
+def tokenizer_info(engine: EngineClient) -> TokenizerInfo:
     tok, config = engine.tokenizer, engine.model_config
     eos = tok.decode([tok.eos_token_id]) if tok.eos_token_id is not None else None
     bos = tok.decode([config.bos_token_id]) if 0 <= config.bos_token_id < tok.vocab_size else None

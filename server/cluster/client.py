@@ -28,15 +28,19 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from model.checkpoint import load_tokenizer
 from model.config import GPTConfig, PromptError
 from model.generate import check_prompt
 from model.sampling import SamplingParams
+from server.api.engine_client import NotInProcessError
 from server.cluster.feeds import Feeds, Followed, cancel_call, wire_id
 from server.cluster.protocol import FeedEnded, Submission, Taken
 from server.cluster.router import ReplicaReport, Router
 from server.engine import FINISH_ABORT, FINISH_ERROR, EngineArgs, EngineInfo, EngineStoppedError, TokenOutput
 from server.engine.counters import EngineCounters
+from server.engine.kv_view import KVSnapshot
 from server.engine.step_stats import StepStatsSnapshot, merged
 
 log = logging.getLogger("kvserve.cluster")
@@ -139,6 +143,14 @@ class RayEngineClient:
         call = self._calls.get(request_id)
         if call is not None:
             call.cancel()
+
+    # ---- what only an engine's own process answers ---------------------------------------------------
+
+    async def kv_snapshot(self) -> KVSnapshot:
+        raise NotInProcessError("the block pools are in the replicas' processes, not the ingress's")
+
+    async def attention_rows(self, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
+        raise NotInProcessError("the model is in the replicas' processes, not the ingress's")
 
     # ---- the replicas' state, summed (the engine's gauges in /metrics) ------------------------------
 

@@ -8,6 +8,7 @@ carrying all of that step's events. No HTTP code here.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import queue
@@ -31,10 +32,12 @@ from model.kv_cache import PagedKVCache, kv_cache_blocks, resolve_kv_cache_dtype
 from model.sampling import SamplingParams, resolve_seed
 from model.tokenizer import Tokenizer
 from server.engine.admission import check_fits
+from server.engine.attention_rows import generated_token_rows
 from server.engine.block_manager import BlockManager
 from server.engine.config import EngineConfig, EngineInfo
 from server.engine.counters import EngineCounters
 from server.engine.kernel_spin import KernelSpin
+from server.engine.kv_view import KVSnapshot, kv_snapshot
 from server.engine.model_runner import ModelRunner, StepResult
 from server.engine.one_by_one import execute_one_by_one
 from server.engine.output_processor import OutputProcessor
@@ -294,6 +297,16 @@ class Engine:
             self._calls.append((fn, future))
             self._wakeup.notify()
         return future
+
+    async def kv_snapshot(self) -> KVSnapshot:
+        """The block pool now (server/engine/kv_view.py), taken between two steps."""
+        return await asyncio.wrap_future(self.run_between_steps(lambda: kv_snapshot(self.blocks, self.scheduler)))
+
+    async def attention_rows(self, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
+        """What the first generated tokens attended to (server/engine/attention_rows.py), computed between
+        two steps: (n_layer, n_head, Q, P + Q), rounded, on the CPU."""
+        future = self.run_between_steps(lambda: generated_token_rows(self.model, prompt_ids, output_ids))
+        return await asyncio.wrap_future(future)
 
     def abort(self, request_id: str) -> None:
         """Cancels a request (waiting or running); it ends with finish_reason 'abort'."""

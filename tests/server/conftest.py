@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -9,11 +10,14 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 import uvicorn
+from fastapi.testclient import TestClient
 
 from server.api.app import create_app
 from server.engine import Engine, EngineArgs, EngineConfig
@@ -198,6 +202,34 @@ def hook_sampling(monkeypatch, before=None, after=None) -> None:
         return results
 
     monkeypatch.setattr(Sampler, "pick", pick)
+
+
+class _SilentHandle:
+    """A Ray Serve deployment handle whose replicas are never called."""
+
+    def options(self, **kw) -> _SilentHandle:
+        return self
+
+
+@contextmanager
+def ingress_without_replicas(checkpoint: Path) -> Iterator[TestClient]:
+    """The cluster's ingress app (the API over a RayEngineClient), loaded, with no Ray and no replica behind
+    it: for what the ingress answers by itself."""
+    from server.cluster.client import RayEngineClient
+
+    loop = asyncio.new_event_loop()  # the client's own, as the ingress's (its shutdown runs there)
+    thread = threading.Thread(target=loop.run_forever, name="ingress-loop", daemon=True)
+    thread.start()
+    try:
+        client = RayEngineClient(_SilentHandle(), EngineArgs(checkpoint=checkpoint), lambda: None, loop)
+        with TestClient(create_app(lambda: client, model_name="tiny", warmup=False)) as http:
+            wait_for(lambda: http.get("/health").status_code == 200, "the ingress to load")
+            yield http
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0.01), loop).result(timeout=10)  # what shutdown left there
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
 
 
 def blocks_free(engine: Engine) -> bool:

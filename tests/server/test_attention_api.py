@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from model.attention import attention_weights
-from server.api.attention_view import ATTENTION_DECIMALS, MAX_ATTENTION_QUERIES
-from tests.server.conftest import sse_events
+from server.engine.attention_rows import ATTENTION_DECIMALS, MAX_ATTENTION_QUERIES
+from tests.server.conftest import ingress_without_replicas, sse_events
 
 PROMPT = "To be, or not to be, that is the question"
 ROUNDING = 0.5 * 10**-ATTENTION_DECIMALS  # the most one rounded weight may differ from the exact one
@@ -129,3 +129,13 @@ def test_the_payload_is_built_off_the_event_loop(live, monkeypatch):
     post_generate(live, max_new_tokens=4, return_attention=True)
     assert len(threads) == 1, threads
     assert threads[0] is not threading.main_thread() and threads[0].name != "kvserve-engine", threads[0].name
+
+
+def test_return_attention_behind_the_cluster_ingress_is_refused_before_it_generates(tiny_checkpoint):
+    with ingress_without_replicas(tiny_checkpoint) as http:
+        r = http.post("/generate", json={"inputs": PROMPT, "parameters": {"return_attention": True}})
+    assert r.status_code == 422 and r.json() == {
+        "error": "parameters.return_attention needs the model in this process (python -m server), not behind the "
+        "cluster's ingress",
+        "error_type": "validation",
+    }

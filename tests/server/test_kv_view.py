@@ -15,7 +15,7 @@ from server.engine.kv_view import kv_snapshot
 from server.engine.request import Request
 from server.engine.scheduler import Scheduler
 from server.engine.step_budget import StepBudget
-from tests.server.conftest import pending_aborts, serve, wait_for
+from tests.server.conftest import ingress_without_replicas, pending_aborts, serve, wait_for
 from tests.server.step_gate import step_gate
 
 KEY = "kv-view-key"
@@ -172,3 +172,15 @@ def test_the_kv_view_needs_the_api_key(kv_live, path):
         assert r.headers["www-authenticate"] == "Bearer"
     with kv_live.client(headers=AUTH).stream("GET", path) as r:
         assert r.status_code == 200, f"{path} refused the right key"
+
+
+def test_behind_the_cluster_ingress_the_view_is_refused_with_a_422(tiny_checkpoint):
+    with ingress_without_replicas(tiny_checkpoint) as http:
+        for path in ("/kv", "/kv/stream"):
+            r = http.get(path)
+            assert r.status_code == 422, (path, r.status_code, r.text)
+            assert r.json() == {
+                "error": "the KV-cache view needs the engine in this process (python -m server), not behind the "
+                "cluster's ingress",
+                "error_type": "validation",
+            }
