@@ -1,9 +1,12 @@
 """The serving engine: one thread owns the model and the KV cache and runs continuous batching.
 
-Each step is schedule -> execute -> update (`Scheduler.schedule`, `ModelRunner.execute`,
-`Engine._update`). Requests join and leave between steps. Callers submit from any thread and get
-their events through a sink (server/engine/sinks.py); an asyncio loop gets one wake-up per step
-carrying all of that step's events. No HTTP code here.
+`Engine` is the service around `EngineCore` (core.py), which owns the pieces and runs one step,
+schedule -> execute -> update. The engine takes requests in (`submit`, refused at once when they can
+never fit: admission.py), runs steps on its own thread while there is work, runs short calls between
+two steps (`run_between_steps`: the KV view, attention rows), and starts, drains and shuts down.
+Requests join and leave between steps. Callers submit from any thread and get their events through a
+sink (server/engine/sinks.py); an asyncio loop gets one wake-up per step carrying all of that step's
+events. No HTTP code here.
 """
 
 from __future__ import annotations
@@ -24,29 +27,20 @@ from typing import Any
 
 import torch
 
-from model import kernels
 from model.checkpoint import DEFAULT_CHECKPOINT, load_model, load_tokenizer
 from model.device import resolve_device, resolve_dtype
 from model.gpt import GPT
-from model.kv_cache import PagedKVCache, kv_cache_blocks, resolve_kv_cache_dtype
 from model.sampling import SamplingParams, resolve_seed
 from model.tokenizer import Tokenizer
 from server.engine.admission import check_fits
 from server.engine.attention_rows import generated_token_rows
-from server.engine.block_manager import BlockManager
 from server.engine.config import EngineConfig, EngineInfo
+from server.engine.core import EngineCore
 from server.engine.counters import EngineCounters
-from server.engine.kernel_spin import KernelSpin
 from server.engine.kv_view import KVSnapshot, kv_snapshot
-from server.engine.model_runner import ModelRunner, StepResult
-from server.engine.one_by_one import execute_one_by_one
-from server.engine.output_processor import OutputProcessor
-from server.engine.request import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, Request, Sink, TokenOutput
-from server.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
-from server.engine.sinks import LoopHandover
-from server.engine.speculative import Drafter
-from server.engine.step_budget import StepBudget
-from server.engine.step_stats import StepStats, StepStatsSnapshot
+from server.engine.request import Request, Sink, TokenOutput
+from server.engine.scheduler import SchedulerStats
+from server.engine.step_stats import StepStatsSnapshot
 from server.engine.thread_priority import set_up_compute_threads
 from server.engine.warmup import calibrate, warm_up
 
@@ -67,7 +61,7 @@ class EngineArgs:
     config: EngineConfig = field(default_factory=EngineConfig)
 
 
-class Engine:
+class Engine(EngineCore):
     def __init__(
         self,
         model: GPT,
@@ -79,51 +73,8 @@ class Engine:
     ) -> None:
         """`config` (or its fields as keywords) sets the limits; see EngineConfig. The model is prepared
         for the kernels the config asks for, in place (for every holder of the model)."""
-        config = dataclasses.replace(config or EngineConfig(), **overrides)
-        self.config, self.name = config, name
-        if config.kernels != "auto" and config.kernels != model.kernels:
-            model.prepare_for_inference(config.kernels)
-        self.threads = config.threads or torch.get_num_threads()
-        kernels.set_num_threads(self.threads)
-        if model.kernels == "exact" and config.block_size % 8:
-            raise ValueError(f"the exact kernels need a block size that is a multiple of 8, got {config.block_size}")
-        self.model, self.tokenizer, self.model_config = model, tokenizer, model.config
-        self.device = model.device
-        bs = config.block_size
-        cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, model.dtype)
-        num_blocks = kv_cache_blocks(
-            model.config, bs, cache_dtype, num_blocks=config.num_blocks, memory_bytes=config.kv_cache_memory
-        )
-        self.cache = PagedKVCache(model.config, num_blocks, bs, dtype=cache_dtype, device=self.device)
-        self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
-        target_s = None if config.target_step_ms is None else config.target_step_ms / 1000
-        self.budget = StepBudget(config.max_num_batched_tokens, target_s=target_s)
-        self.step_stats = StepStats()
-        self.kernel_spin = KernelSpin()
-        self.scheduler = Scheduler(
-            self.blocks, self.budget, max_num_seqs=config.max_num_seqs, max_waiting=config.max_waiting
-        )
-        self.drafter = (
-            Drafter(
-                config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max, config.ngram_history
-            )
-            if config.speculative == "ngram"
-            else None
-        )
-        self.runner = ModelRunner(
-            model,
-            self.cache,
-            config.max_num_seqs,
-            config.max_num_batched_tokens,
-            config.num_speculative_tokens if self.drafter else 0,
-        )
-        if self.drafter is not None and model.kernels != "exact":
-            log.warning(
-                "speculative decoding with torch's kernels: verify rows may differ from one-row decodes "
-                "in the last bits, so the output may differ from decoding without it"
-            )
-        self.outputs = OutputProcessor(tokenizer)
-        self.handover = LoopHandover(config.stream_interval_ms / 1000)  # events to event loops (sinks.py)
+        super().__init__(model, tokenizer, dataclasses.replace(config or EngineConfig(), **overrides))
+        self.name = name
         self._wakeup = threading.Condition()
         self._step_lock = threading.Lock()  # held for the length of a step; `paused()` holds it too
         self._stopping = False
@@ -348,9 +299,7 @@ class Engine:
                 pass  # `shutdown` ends them
 
     def _end_all_for_shutdown(self) -> None:
-        self._deliver(
-            [(req, self.outputs.end(req, FINISH_ERROR, SHUTDOWN_MESSAGE, "shutdown")) for req in self.scheduler.drain()]
-        )
+        self.end_all(SHUTDOWN_MESSAGE, "shutdown")
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stops the engine thread; requests still in flight end with a 'shutdown' error. Their state is
@@ -395,11 +344,7 @@ class Engine:
                     self.step()
                 except Exception:  # a bug outside any one request: fail what is in flight, keep serving
                     log.exception("engine step failed")
-                    events = [
-                        (req, self.outputs.end(req, FINISH_ERROR, "internal engine error", "generation"))
-                        for req in self.scheduler.drain()
-                    ]
-                    self._deliver(events)
+                    self.end_all("internal engine error", "generation")
 
     def _run_calls(self) -> None:
         if self._calls:  # a call may take a while (a forward for the attention view): what is held goes first
@@ -411,91 +356,3 @@ class Engine:
                     future.set_result(fn())
                 except Exception as e:  # the caller's failure, handed back to the caller
                     future.set_exception(e)
-
-    # ---- one step: schedule -> execute -> update --------------------------------------------------
-
-    def step(self) -> SchedulerOutput:
-        if self.drafter is not None:
-            self.drafter.draft_all(self.scheduler.running)  # the schedule fits what it can
-        sched = self.scheduler.schedule()
-        if self.handover.holding and sched.work.prompt_tokens > sum(map(len, sched.drafts.values())):
-            self.handover.flush()  # a longer step (prompt work, not drafts): what is held goes first
-        events = [(req, self.outputs.end(req, FINISH_ABORT)) for req in sched.aborted]
-        try:  # what this step produced reaches its sinks even if a later part fails (`_run` ends the rest)
-            if sched.num_tokens:
-                try:
-                    began = time.perf_counter()
-                    result = self.runner.run(sched)
-                    seconds = time.perf_counter() - began
-                except Exception:
-                    log.exception("batched step failed; rerunning its requests one by one")
-                    result = execute_one_by_one(self.runner, sched, lambda req, error: self._fail(req, error, events))
-                else:
-                    self.budget.observe(sched.work, seconds)
-                    self.step_stats.observe(sched.work, seconds)
-                    self.kernel_spin.observe(seconds, len(sched.num_tokens))
-                self._update(sched, result, events)
-        finally:
-            self._deliver(events)
-        return sched
-
-    def _update(self, sched: SchedulerOutput, result: StepResult, events: list) -> None:
-        for req, (drafted, accepted) in result.verified.items():
-            self.drafter.record(req, drafted, accepted)
-        for req, entries in result.prompt_logprobs.items():
-            have = len(req.prompt_logprobs)  # a resumed request computes its prompt again: keep the first
-            req.prompt_logprobs += [e for e in entries if e.position > have]
-        for req, n in sched.num_tokens.items():
-            if req.finished:
-                continue
-            req.num_computed += n - len(sched.drafts.get(req, ()))  # a draft's positions count once accepted
-            self.blocks.register_full_blocks(req)
-            if req.params.max_new_tokens == 0 and req.num_computed >= req.num_prompt_tokens:
-                self.scheduler.finish(req)  # the prompt is scored: nothing to generate
-                events.append((req, self.outputs.end(req, FINISH_LENGTH)))
-        for s in result.sampled:
-            req = s.request
-            if req.finished:
-                continue
-            if s.error is not None:
-                self._fail(req, s.error, events)
-                continue
-            try:
-                out = self.outputs.append(req, s.token_id, s.logprob, s.top)
-            except Exception as e:
-                self._fail(req, f"{type(e).__name__}: {e}", events)
-                continue
-            if s.cached:  # an accepted draft token: the step computed its keys and values
-                req.num_computed += 1
-                req.stats.accepted_draft_tokens += 1
-                self.blocks.register_full_blocks(req)
-            if req.finish_reason is not None:
-                self.scheduler.finish(req)
-                if self.drafter is not None:
-                    self.drafter.finished(req)
-            events.append((req, out))
-
-    def _fail(self, req: Request, error: str, events: list) -> None:
-        """Ends one request with an error. Its blocks leave the prefix cache and are zeroed: a NaN left
-        there would reach every later holder (a masked value still counts as 0 * NaN in some kernels)."""
-        log.warning("request %s failed: %s", req.request_id, error)
-        held = list(req.block_ids)
-        self.scheduler.finish(req)
-        unheld = [b for b in held if self.blocks.ref_counts[b] == 0]
-        self.blocks.forget(unheld)
-        self.cache.zero_blocks(unheld)
-        events.append((req, self.outputs.end(req, FINISH_ERROR, f"generation failed: {error}", "generation")))
-
-    def _deliver(self, events: list[tuple[Request, TokenOutput]]) -> None:
-        """Hands a step's events to their sinks: one wake-up per event loop for all of its requests."""
-        with self.handover.step():
-            for req, out in events:
-                try:
-                    req.sink(out)
-                except Exception:  # the consumer is gone: stop generating for it
-                    self._consumer_gone(req)
-
-    def _consumer_gone(self, req: Request) -> None:
-        if not req.finished:
-            req.finish_reason = FINISH_ABORT
-            self.scheduler.finish(req)
