@@ -142,3 +142,14 @@ def test_key_value_heads_that_do_not_divide_the_heads_are_refused():
 )
 def test_values_of_the_wrong_type_are_refused_naming_the_key(key, value):
     assert key in refused("smollm2-135m", **{key: value})
+
+
+@pytest.mark.parametrize("shape", sorted(PRESETS))
+def test_presets_read_by_transformers_normalise_alike(shape):
+    """Each preset as transformers' config class reads and writes it back (transformers 5's spelling,
+    its defaults filled in) gives the same ModelConfig as the preset itself."""
+    transformers = pytest.importorskip("transformers")
+    keys = {k: v for k, v in PRESETS[shape].items() if k not in ("architectures", "model_type", "torch_dtype")}
+    written = transformers.AutoConfig.for_model(PRESETS[shape]["model_type"], **keys).to_dict()
+    written["architectures"] = PRESETS[shape]["architectures"]
+    assert config_from_hf(written).replace(torch_dtype=None) == config_from_hf(PRESETS[shape]).replace(torch_dtype=None)

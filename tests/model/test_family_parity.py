@@ -92,3 +92,17 @@ def test_old_rope_spelling_reads_as_rope_parameters(tmp_path_factory):
         theirs = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()(ids).logits
         mine = load_model(directory, device=TEST_DEVICE)(ids.to(TEST_DEVICE)).cpu()
     torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=0)
+
+
+def test_bfloat16_logprobs_match_transformers(pair):
+    """In bfloat16 the order of casts matters (RMSNorm's, RoPE's tables): on the CPU, the same bits as
+    transformers loading the same checkpoint in bfloat16."""
+    _, _, directory = pair
+    theirs_model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).eval()
+    ours_model = load_model(directory, device=TEST_DEVICE, dtype=torch.bfloat16)
+    ids = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        theirs = theirs_model(ids).logits.float().log_softmax(-1)  # (2, 40, V)
+        mine = ours_model(ids.to(TEST_DEVICE)).float().log_softmax(-1).cpu()  # (2, 40, V)
+    tolerance = 0.0 if TEST_DEVICE == "cpu" else 5e-2
+    torch.testing.assert_close(mine, theirs, atol=tolerance, rtol=0)
