@@ -62,10 +62,8 @@ class ModelConfig:
     torch_dtype: str | None  # the dtype config.json says the weights were saved in; information only
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("num_key_value_heads", "head_dim", "max_position_embeddings"):
+        sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        for name in (*sizes, "num_key_value_heads", "head_dim", "max_position_embeddings"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -92,7 +90,6 @@ class ModelConfig:
         if act not in SUPPORTED_ACTIVATIONS:
             raise ConfigError(f"hidden_act {act!r} is not supported; supported: {', '.join(SUPPORTED_ACTIVATIONS)}")
         heads = integer(hf, "num_attention_heads")
-        kv_heads = hf.get("num_key_value_heads")
         return cls(
             architecture=architecture,
             model_type=family.MODEL_TYPE,
@@ -101,12 +98,12 @@ class ModelConfig:
             intermediate_size=integer(hf, "intermediate_size"),
             num_hidden_layers=integer(hf, "num_hidden_layers"),
             num_attention_heads=heads,
-            num_key_value_heads=heads if kv_heads is None else integer(hf, "num_key_value_heads"),
+            num_key_value_heads=integer(hf, "num_key_value_heads", heads),
             rms_norm_eps=number(hf, "rms_norm_eps", 1e-6),
             max_position_embeddings=integer(hf, "max_position_embeddings"),
             rope=rope_from_hf(hf),
             tie_word_embeddings=flag(hf, "tie_word_embeddings", False),
-            bos_token_id=hf.get("bos_token_id") if hf.get("bos_token_id") is None else integer(hf, "bos_token_id"),
+            bos_token_id=None if hf.get("bos_token_id") is None else integer(hf, "bos_token_id"),
             eos_token_ids=token_ids(hf, "eos_token_id"),
             torch_dtype=hf.get("dtype") or hf.get("torch_dtype"),
             **family.family_fields(hf),
