@@ -5,7 +5,8 @@ median GB/s; the decode bound is the bytes one batch-1 step must read (every wei
 kernels store it: float32, bfloat16 or int8 with its scales; the layers, the tied head) divided by
 that bandwidth. Then times the decode step back to back (--steps per sample, context 256, batch 1, 8
 and 32), with each kernel set asked for in turns, and gives the batch-1 step's share of that bound
-and each step's GFLOP/s (2 per weight per row: the products only).
+and each step's GFLOP/s (2 per weight per row: the products only). Names the instruction-set path
+the exact kernels run on (KVSERVE_ISA picks a lower one).
 """
 
 from __future__ import annotations
@@ -116,9 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     read_bytes = step_bytes(model)
     bound_ms = read_bytes / (gbps * 1e9) * 1e3
+    isa = {name: m.kernel_isa for name, m in models.items() if m.kernel_isa is not None}
     print(
         f"read bandwidth {gbps:.1f} GB/s; one batch-1 step reads {read_bytes / 1e6:.1f} MB "
-        f"(parameters {weight_bytes / 1e6:.1f} MB, quantization {args.quantization}); bound {bound_ms:.2f} ms/token"
+        f"(parameters {weight_bytes / 1e6:.1f} MB, quantization {args.quantization}"
+        + "".join(f", {name} kernels on {path}" for name, path in isa.items())
+        + f"); bound {bound_ms:.2f} ms/token"
     )
     steps = []
     per_sample = args.steps
@@ -161,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             "weight_bytes": weight_bytes,
             "step_bytes": read_bytes,
             "quantization": args.quantization,
+            "kernel_isa": isa,
             "kv_cache_dtype": str(cache_dtype),
             "batch1_bound_ms": bound_ms,
             "decode_steps": steps,

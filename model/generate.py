@@ -110,11 +110,23 @@ def main(argv: list[str] | None = None) -> int:
         choices=["auto", "exact", "stock"],
         help="exact: our bit-exact CPU kernels; stock: torch's (default: exact where they run)",
     )
+    ap.add_argument(
+        "--quantization",
+        default=None,
+        choices=["int8"],
+        help="int8: quantize the weights of every product at load (exact kernels; KVSERVE_ISA picks the path)",
+    )
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args(argv)
     device = resolve_device(args.device)
-    model = load_model(args.checkpoint, device=device, dtype=resolve_dtype(args.dtype), kernels=args.kernels)
+    model = load_model(
+        args.checkpoint,
+        device=device,
+        dtype=resolve_dtype(args.dtype),
+        kernels=args.kernels,
+        quantization=args.quantization,
+    )
     tokenizer = load_tokenizer(args.checkpoint)
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
@@ -138,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write("\n")
     print(
         f"[{n} tokens in {elapsed:.2f}s, {n / elapsed:.1f} tok/s, finish={reason}, "
-        f"cache={'off' if args.no_cache else 'on'}, device={device}, kernels={model.kernels}]",
+        f"cache={'off' if args.no_cache else 'on'}, device={device}, kernels={model.kernels}"
+        + (f" on {model.kernel_isa}" if model.kernel_isa else "")
+        + (f", {model.quantization}" if model.quantization else "")
+        + "]",
         file=sys.stderr,
     )
     return 0

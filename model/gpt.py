@@ -170,6 +170,12 @@ class GPT(nn.Module):
         return self.backend.name
 
     @property
+    def kernel_isa(self) -> str | None:
+        """The instruction-set path its products run on ('avx2', 'avx512', 'avx512-vnni', 'amx', ...),
+        None on torch's kernels."""
+        return self.backend.kernel_isa
+
+    @property
     def quantization(self) -> str | None:
         """How the inference path's product weights are stored: None (the model's dtype) or 'int8'."""
         return getattr(self.backend, "quantization", None)

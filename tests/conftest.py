@@ -9,6 +9,7 @@ never through torch's default device: code that forgets `device=` fails there as
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from model import kernels
 from model.checkpoint import DEFAULT_CHECKPOINT, load_model, load_tokenizer, save_checkpoint
 from model.config import GPTConfig
 from model.gpt import GPT
+from model.kernels.library import configured_isa
 from model.tokenizer import train_tokenizer
 
 TEST_DEVICE = os.environ.get("KVSERVE_TEST_DEVICE", "cpu")
@@ -26,6 +28,38 @@ EXACT = kernels.kernels_for(torch.device(TEST_DEVICE), torch.float32) == "exact"
 needs_exact = pytest.mark.skipif(
     not EXACT, reason=f"the exact kernels do not run here: {kernels.unavailable_reason() or TEST_DEVICE}"
 )
+CPU_ISAS = kernels.cpu_isas() if EXACT else ()  # the instruction-set levels this CPU has (model.kernels.library)
+
+
+def isa_params(*levels: str) -> list:
+    """pytest params for the `isa` fixture: each level, skipped with the reason where the CPU lacks it."""
+    params = []
+    for level in levels:
+        reason = f"this CPU lacks {level} (it has {', '.join(CPU_ISAS) or 'no exact kernels'})"
+        if level == "avx-vnni":
+            reason += ": the AVX-VNNI path is compiled into the library but not run here"
+        params.append(pytest.param(level, id=level, marks=pytest.mark.skipif(level not in CPU_ISAS, reason=reason)))
+    return params
+
+
+@contextmanager
+def forced_isa(level: str):
+    """The kernels capped at instruction-set level `level` (KVSERVE_ISA's values) inside, the configured
+    level after. Pack weights inside: bfloat16 ones are packed for the level in force."""
+    kernels.set_isa(level)
+    try:
+        yield level
+    finally:
+        kernels.set_isa(configured_isa())
+
+
+@pytest.fixture
+def isa(request):
+    """The instruction-set level a test runs under, from its params (isa_params, indirect=True); a test
+    module that runs all its tests per level overrides it with a parametrized one."""
+    with forced_isa(request.param):
+        yield request.param
+
 
 TINY_TEXT = (
     "To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer "

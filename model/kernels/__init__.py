@@ -5,7 +5,11 @@
   is reduced in one fixed order that depends only on the length of the reduction, so cached and
   uncached decoding agree bit for bit.
 - **int8** (`int8.py`): the exact backend with every product's weights quantized to int8 per output
-  column at load, activations per token in the kernel (AVX512-VNNI); still batch-invariant.
+  column at load, activations per token in the kernel; still batch-invariant.
+
+The exact kernels run on any x86-64 CPU with AVX2 and FMA, each product on the widest path the CPU
+has (AVX2, AVX-VNNI, AVX-512, AVX512-BF16, AVX512-VNNI, AMX), picked per call; `KVSERVE_ISA` (or
+`set_isa`) caps that level, and `kernel_paths()` says which path each weight type takes (library.py).
 - **stock** (`stock.py`): torch's own kernels. Used on CUDA, for float16 and float64, and on a
   CPU where the exact kernels cannot be built (no compiler, no AVX2); there cached and uncached logits
   agree within a tolerance instead (docs/how-it-works/identical.md).
@@ -33,9 +37,14 @@ from model.kernels.exact import (
 from model.kernels.int8 import QUANTIZATIONS, Int8Backend, int8_unavailable_reason
 from model.kernels.interface import EPILOGUE_GELU, EPILOGUE_NONE, EPILOGUE_RESIDUAL
 from model.kernels.library import (
+    ISA_CHOICES,
     configured_spin_us,
+    cpu_isas,
+    isa,
+    kernel_paths,
     kernels_for,
     num_threads,
+    set_isa,
     set_num_threads,
     set_spin_us,
     spin_us,
@@ -77,6 +86,7 @@ __all__ = [
     "EPILOGUE_NONE",
     "EPILOGUE_RESIDUAL",
     "GROUP",
+    "ISA_CHOICES",
     "KERNEL_CHOICES",
     "QUANTIZATIONS",
     "STRIP",
@@ -88,14 +98,18 @@ __all__ = [
     "StockBackend",
     "choose_backend",
     "configured_spin_us",
+    "cpu_isas",
     "embed",
     "exact_attention_supported",
     "greedy",
     "int8_unavailable_reason",
+    "isa",
+    "kernel_paths",
     "kernels_for",
     "linear",
     "num_threads",
     "paged_attention",
+    "set_isa",
     "set_num_threads",
     "set_spin_us",
     "spin_us",

@@ -15,6 +15,12 @@ class KernelBackend:
 
     name: str  # what /info reports as the model's kernels: 'exact' or 'stock'
 
+    @property
+    def kernel_isa(self) -> str | None:
+        """The instruction-set path the products run on now ('avx2', 'avx512', 'avx512-bf16',
+        'avx512-vnni', 'amx', ...; model.kernels.library.kernel_path), None for torch's kernels."""
+        return None
+
     def forward_step(self, step, cache) -> torch.Tensor:
         """step: model.kv_cache.StepBatch, cache: model.kv_cache.PagedKVCache. Writes every token's keys
         and values to its slot and returns the final hidden states (N, C), before ln_f."""

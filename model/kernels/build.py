@@ -1,9 +1,12 @@
 """Compiles the C++ kernels in `csrc/` on first use and loads them with ctypes.
 
 The library is plain C++ with no torch or Python headers, so it builds in seconds with the system's
-`g++` and works with any torch version. It is cached under `$KVSERVE_KERNEL_CACHE` (default
-`~/.cache/kvserve`), keyed by a hash of the sources, the flags, the compiler and the CPU, and built
-into a temporary file then renamed, so processes that build at once do not clash. The functions'
+`g++` and works with any torch version. It is compiled for x86-64-v3 (AVX2 and FMA), its wider paths
+(AVX-512, VNNI, AMX) each for its own instruction set, picked when they run (csrc/cpu.h), so one build
+serves any CPU with AVX2; it refuses to load on a CPU without. It is cached under
+`$KVSERVE_KERNEL_CACHE` (default `~/.cache/kvserve`), keyed by a hash of the sources, the flags, the
+compiler and the CPU (tuned for it), and built into a temporary file then renamed, so processes that
+build at once do not clash. The functions'
 ctypes come from their one declaration, csrc/api.h (interface.py).
 """
 
@@ -25,8 +28,20 @@ log = logging.getLogger("kvserve.kernels")
 
 SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
 # No fast-math, and no FMA contraction the sources do not spell out: every fused multiply-add in the
-# kernels is an explicit intrinsic, on every code path, tails included.
-FLAGS = ["-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-pthread"]
+# kernels is an explicit intrinsic, on every code path, tails included. x86-64-v3 is the floor every
+# path needs; the wider ones carry target attributes (csrc/cpu.h).
+FLAGS = [
+    "-O3",
+    "-march=x86-64-v3",
+    "-mtune=native",
+    "-std=c++20",
+    "-shared",
+    "-fPIC",
+    "-ffp-contract=off",
+    "-fno-fast-math",
+    "-pthread",
+]
+FLOOR_FLAGS = ("avx2", "fma")  # /proc/cpuinfo's names for the instruction sets of x86-64-v3 the kernels use
 
 
 class KernelBuildError(RuntimeError):
@@ -45,6 +60,17 @@ def _cpu_id() -> str:
         return platform.processor()
     lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
     return "\n".join(dict.fromkeys(lines))
+
+
+def _missing_floor() -> list[str]:
+    """The floor's instruction sets this CPU lacks, by /proc/cpuinfo ([] where it cannot be read: the
+    compiler then decides)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next((set(line.split(":", 1)[1].split()) for line in info.splitlines() if line.startswith("flags")), set())
+    return [flag for flag in FLOOR_FLAGS if flag not in flags]
 
 
 def _compiler() -> str:
@@ -87,6 +113,9 @@ def build(path: Path) -> None:
 
 def load() -> ctypes.CDLL:
     """The kernels library, compiled first if this machine has no build of these sources yet."""
+    missing = _missing_floor()
+    if missing:
+        raise KernelBuildError(f"this CPU lacks {' and '.join(missing).upper()}, which every path of the kernels needs")
     path = library_path()
     if not path.exists():
         build(path)

@@ -26,7 +26,7 @@ from model.kernels.interface import (
     WEIGHT_BF16_PAIRS,
     WEIGHT_F32,
 )
-from model.kernels.library import handle
+from model.kernels.library import handle, kernel_path
 
 GROUP = 64  # output columns per packed weight group: one task of csrc/linear.cpp
 STRIP = 16  # output columns per strip of a group, each stored k-major
@@ -36,7 +36,7 @@ _WEIGHT_FORMAT = {torch.float32: WEIGHT_F32, torch.bfloat16: WEIGHT_BF16}
 
 
 def bf16_pairs_available() -> bool:
-    """Whether this build has AVX512-BF16 (vdpbf16ps) for bfloat16 products; else they widen to float32."""
+    """Whether bfloat16 products may use AVX512-BF16 (vdpbf16ps) now; else they widen to float32."""
     lib = handle()
     return lib is not None and bool(lib.kv_features() & FEATURE_AVX512BF16)
 
@@ -73,7 +73,7 @@ class PackedWeight:
     @classmethod
     def pack(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
         """weight: (in, out), GPT-2's Conv1D layout (for the tied head, the embedding transposed).
-        bfloat16 weights go in pairs of k (WEIGHT_BF16_PAIRS) where the library has AVX512-BF16."""
+        bfloat16 weights go in pairs of k (WEIGHT_BF16_PAIRS) where the kernels may use AVX512-BF16."""
         n_in, n_out = weight.shape
         groups = -(-n_out // GROUP)
         b = torch.zeros(groups * GROUP, dtype=torch.float32, device=weight.device)
@@ -261,6 +261,10 @@ class ExactBackend(KernelBackend):
         )
         self._cache: weakref.ref | None = None  # the cache whose layer addresses `_pointers` holds
         self._pointers = None
+
+    @property
+    def kernel_isa(self) -> str | None:
+        return kernel_path(self.head.format)
 
     def _layer_pointers(self, cache):
         """The cache's layer addresses as the C array kv_forward reads; a cache's layers never move, so

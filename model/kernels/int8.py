@@ -1,5 +1,6 @@
 """int8 weights: per-output-column symmetric quantization, made at load from a float checkpoint, and
-the backend that runs them (csrc/linear_q8.cpp, AVX512-VNNI).
+the backend that runs them (csrc/linear_q8.cpp: AVX2, AVX-VNNI, AVX512-VNNI or AMX, whichever the CPU
+has and KVSERVE_ISA allows; every path gives the same bits).
 
 Each product's weight column o gets scale[o] = max_k |W[k][o]| / 127 and W8[k][o] = round(W / scale)
 (nearest even), the tied head included (a column per vocabulary entry). Activations are quantized in
@@ -13,19 +14,17 @@ from __future__ import annotations
 import torch
 
 from model.kernels.exact import GROUP, STRIP, ExactBackend, PackedWeight
-from model.kernels.interface import FEATURE_AVX512VNNI, WEIGHT_INT8
-from model.kernels.library import handle
+from model.kernels.interface import WEIGHT_INT8
+from model.kernels.library import handle, unavailable_reason
 
 QUANTIZATIONS = ("int8",)
 
 
 def int8_unavailable_reason() -> str | None:
-    """Why the int8 kernels cannot run here (no library, or a build without AVX512-VNNI), or None."""
-    lib = handle()
-    if lib is None:
-        return "the exact kernels are not built here"
-    if not lib.kv_features() & FEATURE_AVX512VNNI:
-        return "this CPU (or compiler) lacks AVX512-VNNI"
+    """Why the int8 kernels cannot run here (the exact kernels do not build or load: every CPU they load
+    on has an int8 path), or None."""
+    if handle() is None:
+        return f"the exact kernels do not run here: {unavailable_reason()}"
     return None
 
 

@@ -84,3 +84,18 @@ FEATURE_AVX512F = CONSTANTS["KV_FEATURE_AVX512F"]
 FEATURE_AVX512BF16 = CONSTANTS["KV_FEATURE_AVX512BF16"]
 FEATURE_AVX512VNNI = CONSTANTS["KV_FEATURE_AVX512VNNI"]
 FEATURE_AMX_INT8 = CONSTANTS["KV_FEATURE_AMX_INT8"]
+FEATURE_AVX2 = CONSTANTS["KV_FEATURE_AVX2"]
+FEATURE_AVX_VNNI = CONSTANTS["KV_FEATURE_AVX_VNNI"]
+
+
+def _names(prefix: str) -> dict[str, int]:
+    """An enum's constants by their names as users spell them: KV_ISA_AVX512_VNNI -> 'avx512-vnni'."""
+    return {
+        name.removeprefix(prefix).lower().replace("_", "-"): value
+        for name, value in CONSTANTS.items()
+        if name.startswith(prefix)
+    }
+
+
+ISAS = _names("KV_ISA_")  # the levels KVSERVE_ISA names, lowest first: avx2, avx-vnni, avx512, avx512-vnni, amx
+PATHS = {value: name for name, value in _names("KV_PATH_").items()}  # KV_PATH_* -> avx2, ..., amx

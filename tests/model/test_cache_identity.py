@@ -17,7 +17,7 @@ from model.generate import decode_one_token, generate, prefill, recompute, seque
 from model.gpt import GPT
 from model.kv_cache import PagedKVCache, StepBatch
 from model.sampling import SamplingParams
-from tests.conftest import EXACT, TEST_DEVICE, needs_exact, random_model
+from tests.conftest import EXACT, TEST_DEVICE, isa_params, needs_exact, random_model
 
 SONNET = (
     "ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and Juliet is the sun. "
@@ -67,14 +67,16 @@ def test_default_model_cached_decode_is_bit_identical_to_recompute_for_230_steps
 
 
 @needs_exact
+@pytest.mark.parametrize("isa", isa_params("avx2", "avx512"), indirect=True)
 @pytest.mark.parametrize("n_embd, n_head", [(64, 4), (128, 2), (32, 4)], ids=["hd16", "hd64", "hd8"])
-def test_random_model_cached_decode_is_bit_identical_to_recompute(n_embd, n_head):
+def test_random_model_cached_decode_is_bit_identical_to_recompute(isa, n_embd, n_head):
     model = random_model(GPTConfig(vocab_size=300, n_positions=256, n_embd=n_embd, n_layer=3, n_head=n_head), seed=1)
     assert assert_identical_every_step(model, random_ids(230, 300), prompt_len=20) == 211
 
 
 @needs_exact
-def test_bfloat16_cached_decode_is_bit_identical_to_recompute(default_checkpoint, default_tokenizer):
+@pytest.mark.parametrize("isa", isa_params("avx2", "avx512", "avx512-vnni"), indirect=True)
+def test_bfloat16_cached_decode_is_bit_identical_to_recompute(isa, default_checkpoint, default_tokenizer):
     model = load_model(default_checkpoint, device=TEST_DEVICE, dtype=torch.bfloat16)
     assert model.kernels == "exact"
     ids = default_tokenizer.encode(SONNET)[:215]

@@ -1,6 +1,7 @@
 """The exact kernels, op by op: against a float64 reference (within float32 rounding), and invariant:
-a row's result is the same bits whatever else shares its call, where it sits, and how many threads run.
-The negative controls show the same comparisons fail for torch's matrix product, so they have teeth."""
+a row's result is the same bits whatever else shares its call, where it sits, and how many threads run;
+the products on each path the CPU has (AVX2, AVX-512), which give the same bits. The negative controls
+show the same comparisons fail for torch's matrix product, so they have teeth."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from model import kernels
 from model.config import GPTConfig
 from model.kernels import EPILOGUE_GELU, EPILOGUE_RESIDUAL, PackedNorm, PackedWeight
 from model.kv_cache import PagedKVCache, StepBatch
-from tests.conftest import needs_exact
+from tests.conftest import CPU_ISAS, forced_isa, isa_params, needs_exact
 
 pytestmark = needs_exact
 U = 2.0**-24  # float32 unit roundoff
@@ -23,11 +24,37 @@ def rand(*shape, scale=1.0, seed=0):
     return torch.randn(*shape, generator=g) * scale
 
 
+@pytest.fixture(params=isa_params("avx2", "avx512"))
+def isa(request):
+    """Each float32 path in turn."""
+    with forced_isa(request.param):
+        yield request.param
+
+
 @pytest.fixture(params=[(256, 768), (1024, 256), (40, 200), (256, 8192)], ids=lambda s: f"{s[0]}x{s[1]}")
-def layer(request):
+def layer(request, isa):
     K, O = request.param
     W, b = rand(K, O, scale=0.05, seed=1), rand(O, scale=0.1, seed=2)
     return W, b, PackedWeight.pack(W, b)
+
+
+@pytest.mark.skipif("avx512" not in CPU_ISAS, reason=f"this CPU lacks avx512 (it has {', '.join(CPU_ISAS)})")
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 100])
+def test_linear_avx2_and_avx512_paths_give_the_same_bits(rows):
+    """One FMA per k in order on both, 8 lanes a register or 16: the same arithmetic per element."""
+    W, b = rand(300, 200, scale=0.05, seed=1), rand(200, scale=0.1, seed=2)
+    packed, norm = PackedWeight.pack(W, b), PackedNorm.pack(torch.nn.LayerNorm(300))
+    x, res = rand(rows, 300, seed=rows), rand(rows, 200, seed=3)
+    results = {}
+    for level in ("avx2", "avx512"):
+        with forced_isa(level):
+            assert kernels.kernel_paths()["float32"] == level
+            results[level] = [
+                kernels.linear(x, packed, EPILOGUE_GELU, norm=norm),
+                kernels.linear(x, packed, EPILOGUE_RESIDUAL, res),
+            ]
+    for ours, theirs in zip(results["avx2"], results["avx512"]):
+        assert torch.equal(ours, theirs), f"max |diff| {(ours - theirs).abs().max():.3g}"
 
 
 def test_linear_is_within_float32_rounding_of_a_float64_product(layer):
@@ -91,7 +118,7 @@ def test_gelu_epilogue_is_torch_gelu_within_float32_rounding(layer):
     )
 
 
-def test_layer_norm_prologue_is_layer_norm_within_float32_rounding_and_row_invariant():
+def test_layer_norm_prologue_is_layer_norm_within_float32_rounding_and_row_invariant(isa):
     norm = torch.nn.LayerNorm(200)
     with torch.no_grad():
         norm.weight.copy_(rand(200, seed=9) + 1)

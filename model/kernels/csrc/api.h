@@ -10,7 +10,7 @@
 #include <cstdint>
 
 // The version of this interface, which the loader checks the library against.
-enum { KV_ABI_VERSION = 6 };
+enum { KV_ABI_VERSION = 7 };
 
 // What a product adds after the bias, per output element.
 enum {
@@ -30,21 +30,44 @@ enum {
 enum {
   KV_WEIGHT_F32 = 0,         // float32, (groups, 4, K, 16): strips of 16 columns, k-major
   KV_WEIGHT_BF16 = 1,        // bfloat16, the same layout
-  KV_WEIGHT_INT8 = 2,        // int8, (groups, 4, K / 4, 16, 4): k in quads, for VNNI; per-column scales
+  KV_WEIGHT_INT8 = 2,        // int8, (groups, 4, K / 4, 16, 4): k in quads; per-column scales
   KV_WEIGHT_BF16_PAIRS = 3,  // bfloat16, (groups, 4, K / 2, 16, 2): k in pairs, for vdpbf16ps
 };
 
-// Which instruction sets this build of the library uses (kv_features), bit by bit.
+// Instruction sets the kernels use (kv_features) or the CPU has (kv_cpu_features), bit by bit.
 enum {
-  KV_FEATURE_AVX512F = 1,     // 16-lane float32 products
+  KV_FEATURE_AVX512F = 1,     // AVX-512 F, DQ, BW and VL: 16-lane float32 products
   KV_FEATURE_AVX512BF16 = 2,  // vdpbf16ps for bfloat16 weights
-  KV_FEATURE_AVX512VNNI = 4,  // vpdpbusd for int8 weights
+  KV_FEATURE_AVX512VNNI = 4,  // vpdpbusd on 512 bits for int8 weights
   KV_FEATURE_AMX_INT8 = 8,    // AMX tiles (tdpbusd) for int8 weights, granted by the OS to this process
+  KV_FEATURE_AVX2 = 16,       // AVX2 and FMA: every path's floor
+  KV_FEATURE_AVX_VNNI = 32,   // vpdpbusd on 256 bits (VEX) for int8 weights
+};
+
+// The levels kv_set_isa caps the kernels at, lowest first (KVSERVE_ISA): each allows the ones
+// below it and needs the CPU to have its own instruction set. avx512-vnni allows AVX512-BF16 too.
+enum {
+  KV_ISA_AVX2 = 0,         // AVX2 and FMA
+  KV_ISA_AVX_VNNI = 1,     // and AVX-VNNI
+  KV_ISA_AVX512 = 2,       // and AVX-512 F, DQ, BW, VL
+  KV_ISA_AVX512_VNNI = 3,  // and AVX512-VNNI, AVX512-BF16
+  KV_ISA_AMX = 4,          // and AMX int8 tiles
+};
+
+// The kernel paths a product runs on (kv_kernel_path).
+enum {
+  KV_PATH_AVX2 = 0,         // float32 and bfloat16: 8-lane FMA; int8: vpmaddubsw with the sign trick
+  KV_PATH_AVX_VNNI = 1,     // int8: vpdpbusd on 256 bits
+  KV_PATH_AVX512 = 2,       // float32 and bfloat16: 16-lane FMA
+  KV_PATH_AVX512_BF16 = 3,  // bfloat16 in pairs: vdpbf16ps
+  KV_PATH_AVX512_VNNI = 4,  // int8: vpdpbusd on 512 bits
+  KV_PATH_AMX = 5,          // int8: AMX tiles from 4 rows on, AVX512-VNNI below
 };
 
 // One product's packed weight, its float32 bias (zeros where the layer has none) and, for int8,
-// its per-output-column scale and offset (128 times the column's sum: the activations are stored
-// unsigned, shifted by 128). bias, scale and offset are padded to the groups of 64 columns.
+// its per-output-column scale and offset (128 times the column's sum: the vpdpbusd and AMX paths
+// store the activations unsigned, shifted by 128). bias, scale and offset are padded to the groups
+// of 64 columns.
 struct kv_weight {
   int64_t format;
   int64_t n_in;
@@ -86,9 +109,16 @@ void kv_set_num_threads(int n);
 int kv_num_threads();
 void kv_set_spin_us(int64_t microseconds);
 int64_t kv_spin_us();
+
+// The instruction sets (csrc/cpu.cpp): what the CPU has, what the kernels may use under the cap, whether
+// the CPU has a level (KV_ISA_*), the cap (0, or -1 where the CPU lacks the level: the cap stays), the
+// level in force, and the KV_PATH_* a weight format (KV_WEIGHT_*) runs on now (-1: none may).
+int64_t kv_cpu_features();
 int64_t kv_features();
-// Lets the int8 products use AMX tiles (the default) or not; returns 1 where they can run at all.
-int kv_set_amx(int enabled);
+int kv_cpu_has_isa(int level);
+int kv_set_isa(int level);
+int kv_isa();
+int kv_kernel_path(int format);
 
 // y = epilogue(norm(x) @ W + b) (csrc/linear.cpp, linear_q8.cpp). x: (rows, w.n_in), y: (rows,
 // w.n_out). ln_weight, ln_bias: (K,) float32, a layer norm applied to each input row first, or null.

@@ -10,11 +10,16 @@
 // each four strips of 16 columns stored k-major, (groups, 4, K, 16), zero-padded past O. A strip is
 // one cache line per k, so whatever the tile, the weights stream from memory in order, once.
 // Threads split the groups (and, for many rows, blocks of rows); never the reduction.
+//
+// Two paths of that one arithmetic, picked per call (cpu.h): 8-lane tiles on AVX2, and 16-lane ones
+// on AVX-512 (each strip one register). They give the same bits; bfloat16 weights take both, widened
+// to float32 by a 16-bit shift in registers, so they read half the bytes on any CPU.
 #include <algorithm>
 #include <type_traits>
 #include <vector>
 
 #include "api.h"
+#include "cpu.h"
 #include "epilogue.h"
 #include "layer_norm.h"
 #include "linear_bf16.h"
@@ -66,9 +71,10 @@ inline void tile(const float* x, int64_t K, const W* ws, __m256 (&out)[R][2 * S]
     for (int c = 0; c < 2 * S; ++c) out[r][c] = acc[r][c];
 }
 
-#ifdef __AVX512F__
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const bf16* p) {
+namespace avx512 {
+
+KV_TARGET_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+KV_TARGET_AVX512 inline __m512 load16(const bf16* p) {
   const __m512i widened = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(widened, 16));
 }
@@ -77,7 +83,7 @@ inline __m512 load16(const bf16* p) {
 // acc = fma(x[r][k], W[k][o], acc) for k in order, as on the AVX2 path, so both give the same bits.
 // R <= 6: 4R accumulators, 4 weights and a broadcast fit the 32 registers.
 template <int R, typename W>
-inline void tile16(const float* x, int64_t K, const W* wg, __m256 (&out)[R][2 * kStrips]) {
+KV_TARGET_AVX512 inline void tile16(const float* x, int64_t K, const W* wg, __m256 (&out)[R][2 * kStrips]) {
   __m512 acc[R][kStrips];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -97,51 +103,65 @@ inline void tile16(const float* x, int64_t K, const W* wg, __m256 (&out)[R][2 * 
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int s = 0; s < kStrips; ++s) {
-      out[r][2 * s] = low_half(acc[r][s]);
-      out[r][2 * s + 1] = high_half(acc[r][s]);
+      out[r][2 * s] = kv::avx512::low_half(acc[r][s]);
+      out[r][2 * s + 1] = kv::avx512::high_half(acc[r][s]);
     }
 }
-#endif
 
-// Rows [row, row + R) against one group, S strips per tile: enough accumulators to keep the FMA
-// pipes busy (8 to 12) and few enough to stay in the 16 registers with the weights and a broadcast.
+// Rows [row, row + R) against one group on AVX-512: the four strips in one tile.
 template <int R, typename W, typename T>
-inline void rows_by_group(const float* x, int64_t K, const W* wg, const Output<T>& out, int64_t row, int64_t col) {
-#ifdef __AVX512F__
+KV_TARGET_AVX512 void rows_by_group16(const float* x, int64_t K, const W* wg, const Output<T>& out, int64_t row,
+                                      int64_t col) {
   __m256 sums[R][2 * kStrips];
   tile16<R>(x + row * K, K, wg, sums);
   finish<R, 2 * kStrips>(out, row, col, sums);
-#else
+}
+
+}  // namespace avx512
+
+// Rows [row, row + R) against one group on AVX2, S strips per tile: enough accumulators to keep the
+// FMA pipes busy (8 to 12) and few enough to stay in the 16 registers with the weights and a broadcast.
+template <int R, typename W, typename T>
+inline void rows_by_group8(const float* x, int64_t K, const W* wg, const Output<T>& out, int64_t row, int64_t col) {
   constexpr int S = R == 1 ? 4 : R <= 3 ? 2 : 1;
   for (int64_t s = 0; s < kStrips; s += S) {
     __m256 acc[R][2 * S];
     tile<R, S>(x + row * K, K, wg + s * K * kStrip, acc);
     finish<R, 2 * S>(out, row, col + s * kStrip, acc);
   }
-#endif
+}
+
+template <int R, typename W, typename T>
+inline void rows_by_group(bool wide, const float* x, int64_t K, const W* wg, const Output<T>& out, int64_t row,
+                          int64_t col) {
+  if (wide)
+    avx512::rows_by_group16<R>(x, K, wg, out, row, col);
+  else
+    rows_by_group8<R>(x, K, wg, out, row, col);
 }
 
 template <typename W, typename T>
-void run_rows(const float* x, int64_t K, const W* wg, const Output<T>& out, int64_t row, int64_t rows, int64_t col) {
+void run_rows(bool wide, const float* x, int64_t K, const W* wg, const Output<T>& out, int64_t row, int64_t rows,
+              int64_t col) {
   for (int64_t r = row; r < row + rows; r += kRowTile) {
     switch (std::min<int64_t>(kRowTile, row + rows - r)) {
       case 1:
-        rows_by_group<1>(x, K, wg, out, r, col);
+        rows_by_group<1>(wide, x, K, wg, out, r, col);
         break;
       case 2:
-        rows_by_group<2>(x, K, wg, out, r, col);
+        rows_by_group<2>(wide, x, K, wg, out, r, col);
         break;
       case 3:
-        rows_by_group<3>(x, K, wg, out, r, col);
+        rows_by_group<3>(wide, x, K, wg, out, r, col);
         break;
       case 4:
-        rows_by_group<4>(x, K, wg, out, r, col);
+        rows_by_group<4>(wide, x, K, wg, out, r, col);
         break;
       case 5:
-        rows_by_group<5>(x, K, wg, out, r, col);
+        rows_by_group<5>(wide, x, K, wg, out, r, col);
         break;
       default:
-        rows_by_group<6>(x, K, wg, out, r, col);
+        rows_by_group<6>(wide, x, K, wg, out, r, col);
         break;
     }
   }
@@ -168,13 +188,14 @@ void linear(const X* x_in, int64_t rows, int64_t K, const W* w, const float* bia
     x = reinterpret_cast<const float*>(x_in);
   }
   const Output<T> out{y, residual, bias, O, epilogue};
+  const bool wide = kernel_path(KV_WEIGHT_F32) == KV_PATH_AVX512;
   const int64_t groups = (O + kGroup - 1) / kGroup;
   const int64_t row_blocks = rows > 2 * kRowBlock ? (rows + kRowBlock - 1) / kRowBlock : 1;
   const int64_t block = row_blocks == 1 ? rows : kRowBlock;
   ThreadPool::instance().run(groups * row_blocks, [&](int64_t task) {
     const int64_t g = task % groups, rb = task / groups;
     const int64_t row = rb * block, n = std::min(block, rows - row);
-    run_rows(x, K, w + g * K * kGroup, out, row, n, g * kGroup);
+    run_rows(wide, x, K, w + g * K * kGroup, out, row, n, g * kGroup);
   });
 }
 

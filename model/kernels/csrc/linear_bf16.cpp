@@ -15,18 +15,19 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu.h"
 #include "layer_norm.h"
 #include "thread_pool.h"
 
 namespace kv {
-
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
 namespace {
 
 constexpr int64_t kGroup = 64, kStrip = 16, kStrips = 4;
 constexpr int64_t kRowTile = 6;    // 24 accumulators + 4 weights + a broadcast fit the 32 registers
 constexpr int64_t kRowBlock = 96;  // rows per task when there are many (a multiple of kRowTile)
 constexpr int64_t kPrefetchAhead = 32;
+
+namespace avx512_bf16 {
 
 inline int32_t pair(const bf16* p) {
   int32_t v;
@@ -35,7 +36,8 @@ inline int32_t pair(const bf16* p) {
 }
 
 template <int R, typename T>
-inline void rows_by_group(const bf16* x, int64_t Kp, const bf16* wg, const Output<T>& out, int64_t row, int64_t col) {
+KV_TARGET_AVX512_BF16 void rows_by_group(const bf16* x, int64_t Kp, const bf16* wg, const Output<T>& out, int64_t row,
+                                         int64_t col) {
   const int64_t pairs = Kp / 2;
   __m512 acc[R][kStrips];
 #pragma GCC unroll 8
@@ -59,11 +61,13 @@ inline void rows_by_group(const bf16* x, int64_t Kp, const bf16* wg, const Outpu
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int s = 0; s < kStrips; ++s) {
-      sums[r][2 * s] = low_half(acc[r][s]);
-      sums[r][2 * s + 1] = high_half(acc[r][s]);
+      sums[r][2 * s] = avx512::low_half(acc[r][s]);
+      sums[r][2 * s + 1] = avx512::high_half(acc[r][s]);
     }
   finish<R, 2 * kStrips>(out, row, col, sums);
 }
+
+}  // namespace avx512_bf16
 
 template <typename T>
 void linear(const kv_weight& w, const bf16* x, int64_t rows, T* y, int epilogue, const T* residual, const Norm& norm) {
@@ -96,22 +100,22 @@ void linear(const kv_weight& w, const bf16* x, int64_t rows, T* y, int epilogue,
     for (int64_t r = first; r < end; r += kRowTile) {
       switch (std::min<int64_t>(kRowTile, end - r)) {
         case 1:
-          rows_by_group<1>(xs, Kp, wg, out, r, col);
+          avx512_bf16::rows_by_group<1>(xs, Kp, wg, out, r, col);
           break;
         case 2:
-          rows_by_group<2>(xs, Kp, wg, out, r, col);
+          avx512_bf16::rows_by_group<2>(xs, Kp, wg, out, r, col);
           break;
         case 3:
-          rows_by_group<3>(xs, Kp, wg, out, r, col);
+          avx512_bf16::rows_by_group<3>(xs, Kp, wg, out, r, col);
           break;
         case 4:
-          rows_by_group<4>(xs, Kp, wg, out, r, col);
+          avx512_bf16::rows_by_group<4>(xs, Kp, wg, out, r, col);
           break;
         case 5:
-          rows_by_group<5>(xs, Kp, wg, out, r, col);
+          avx512_bf16::rows_by_group<5>(xs, Kp, wg, out, r, col);
           break;
         default:
-          rows_by_group<6>(xs, Kp, wg, out, r, col);
+          avx512_bf16::rows_by_group<6>(xs, Kp, wg, out, r, col);
           break;
       }
     }
@@ -122,21 +126,16 @@ void linear(const kv_weight& w, const bf16* x, int64_t rows, T* y, int epilogue,
 
 int linear_bf16(const kv_weight& w, const bf16* x, int64_t rows, bf16* y, int epilogue, const bf16* residual,
                 const Norm& norm) {
+  if (kernel_path(KV_WEIGHT_BF16_PAIRS) != KV_PATH_AVX512_BF16) return -1;
   linear(w, x, rows, y, epilogue, residual, norm);
   return 0;
 }
 
 int linear_bf16(const kv_weight& w, const bf16* x, int64_t rows, float* y, int epilogue, const float* residual,
                 const Norm& norm) {
+  if (kernel_path(KV_WEIGHT_BF16_PAIRS) != KV_PATH_AVX512_BF16) return -1;
   linear(w, x, rows, y, epilogue, residual, norm);
   return 0;
 }
-
-#else
-
-int linear_bf16(const kv_weight&, const bf16*, int64_t, bf16*, int, const bf16*, const Norm&) { return -1; }
-int linear_bf16(const kv_weight&, const bf16*, int64_t, float*, int, const float*, const Norm&) { return -1; }
-
-#endif
 
 }  // namespace kv
