@@ -72,6 +72,7 @@ def service_router(state: AppState) -> APIRouter:
             "block_size": about.block_size,
             "prefix_caching": engine.config.enable_prefix_caching,
             "kernels": about.kernels,
+            "kernel_isa": about.kernel_isa,
             "request_timeout_s": limits.request_timeout,
             "router": "kvserve",
         }

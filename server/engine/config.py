@@ -68,3 +68,4 @@ class EngineInfo:
     block_size: int  # tokens per block
     config: EngineConfig  # the settings it runs under
     in_process: bool = True  # the model and block pool live in this process (attention weights, the /kv view)
+    kernel_isa: str | None = None  # the instruction-set path the products run on (avx2, avx512, avx512-vnni, amx...)

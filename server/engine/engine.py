@@ -137,6 +137,7 @@ class Engine(EngineCore):
             self.blocks.num_blocks,
             self.blocks.block_size,
             self.config,
+            kernel_isa=self.model.kernel_isa,
         )
 
     @property

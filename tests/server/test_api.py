@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from model import kernels
 from tests.conftest import EXACT
 from tests.server.conftest import hook_sampling, sse_events, wait_for
 
@@ -163,7 +164,9 @@ def test_models_info_and_health(live):
     assert models["object"] == "list" and models["data"][0]["id"] == "tiny"
     assert models["data"][0]["max_model_len"] == 128
     assert httpx.get(live.url + "/health").status_code == 200
-    assert httpx.get(live.url + "/info").json()["max_total_tokens"] == 128
+    info = httpx.get(live.url + "/info").json()
+    assert info["max_total_tokens"] == 128
+    assert info["kernel_isa"] == (kernels.kernel_paths()["float32"] if EXACT else None)
 
 
 def test_metrics_count_tokens_and_finished_requests(live):
