@@ -34,19 +34,17 @@ In the *default* column, — means no fixed default: the feature is off, or its 
 """
 
 CLUSTER_NOTE = """\
-`python -m server.cluster` also takes every flag of `python -m server` above. The engine flags apply to each
-replica, the limit and security flags once, at the ingress. Its own flags, and the defaults it changes, are
-these (see [Scaling out on Ray](../cluster/index.md)):
+Every flag of `python -m server` above works here too; the tables below list only the defaults it changes and
+its own flags (see [Scaling out on Ray](../cluster/index.md)).
 """
 
 
 def parsers() -> list[tuple[str, argparse.ArgumentParser]]:
     """The parsers to document, each with the command it belongs to. Imported here, in one place, so that a
     move of the flag definitions changes only this function."""
-    from server.__main__ import parser
-    from server.cluster.__main__ import cluster_parser
+    from server.cli import build_cluster_parser, build_parser
 
-    return [("python -m server", parser()), ("python -m server.cluster", cluster_parser())]
+    return [("python -m server", build_parser()), ("python -m server.cluster", build_cluster_parser())]
 
 
 def _cell(text: str) -> str:
@@ -97,11 +95,19 @@ def _linked(text: str) -> str:
     return re.sub(r"\bdocs/([\w/.-]+\.md)\b", r"[\1](../\1)", text)
 
 
-def _groups(ap: argparse.ArgumentParser) -> list[tuple[str, str | None, list[argparse.Action]]]:
-    """(title, description, options) of each argument group that has options, in the parser's order."""
+def _groups(
+    ap: argparse.ArgumentParser, documented: dict[str, str]
+) -> list[tuple[str, str | None, list[argparse.Action]]]:
+    """(title, description, options) of each argument group that has options not `documented` already with
+    the same default, in the parser's order; adds them to `documented`."""
     groups = []
     for group in ap._action_groups:
-        actions = [a for a in group._group_actions if a.option_strings]
+        actions = [
+            a
+            for a in group._group_actions
+            if a.option_strings and any(documented.get(o) != _default(a) for o in a.option_strings)
+        ]
+        documented.update({o: _default(a) for a in actions for o in a.option_strings})
         if actions:
             title = "general" if group is ap._optionals else group.title
             groups.append((title, group.description, actions))
@@ -116,13 +122,14 @@ def render() -> str:
         if saved is not None:
             os.environ["KVSERVE_API_KEY"] = saved
     out = [HEADER]
+    documented: dict[str, str] = {}  # option -> its default, on the pages of the commands before
     for command, ap in found:
         out.append(f"## `{command}`\n")
         if ap.description:
             out.append(_cell(ap.description) + "\n")
-        if command != "python -m server":
+        if documented:
             out.append(CLUSTER_NOTE)
-        for title, description, actions in _groups(ap):
+        for title, description, actions in _groups(ap, documented):
             out.append(f"### {title[0].upper()}{title[1:]}\n")
             if description:
                 out.append(_cell(_linked(description[0].upper() + description[1:])) + ".\n")
