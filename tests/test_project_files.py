@@ -51,10 +51,16 @@ def test_the_readmes_two_commands_run_what_it_says():
     assert None not in order and order == sorted(order), f"make test should lint, build the docs, then test: {steps}"
 
 
-def test_the_readme_never_pipes_into_a_bare_python():
+def test_the_readme_and_the_docs_never_pipe_into_a_bare_python():
     """Stock Debian has python3 and no `python`."""
-    bare = [line for line in (ROOT / "README.md").read_text().splitlines() if re.search(r"\|\s*python\s", line)]
-    assert not bare, bare
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    bare = [
+        f"{page.relative_to(ROOT)}: {line}"
+        for page in pages
+        for line in page.read_text().splitlines()
+        if re.search(r"\|\s*python\s", line)
+    ]
+    assert len(pages) > 1 and not bare, bare
 
 
 def test_building_the_package_metadata_raises_no_setuptools_warning(tmp_path):
