@@ -54,10 +54,10 @@ format: install-test
 docs: install
 	$(BIN)/pip install --quiet -r docs/requirements.txt
 	$(BIN)/python docs/gen_flags.py
-	$(BIN)/mkdocs build --strict -d site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
 
 docs-serve: docs
-	$(BIN)/mkdocs serve -a $(DOCS_ADDR)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve -a $(DOCS_ADDR)
 
 test: lint docs install-browser
 	$(BIN)/python -m pytest -q
