@@ -140,7 +140,7 @@ async def stream_one(
 
 def make_client(request_timeout: float) -> aiohttp.ClientSession:
     """aiohttp rather than httpx: its C parser and line reader take a third of the CPU per streamed token
-    or less (BENCHMARKS.md, section 17), which matters when the tool shares the server's cores. Proxy
+    or less (BENCHMARKS.md, "Serving under load"), which matters when the tool shares the server's cores. Proxy
     variables are ignored (aiohttp reads them only with trust_env=True)."""
     return aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=request_timeout),

@@ -20,6 +20,6 @@ def direct_ingress_env(first_port: int, ports: int = 1) -> dict[str, str]:
 def own_ray_env() -> dict[str, str]:
     """Settings for any Ray that we start ourselves, direct ingress or not (a value already in the
     environment wins): Serve's controller loop every second instead of every 0.1 s. Idle, that loop was
-    the largest of Ray's own CPU users on a 2-core machine (BENCHMARKS.md, section 14); at 1 s it
+    the largest of Ray's own CPU users on a 2-core machine (BENCHMARKS.md, "The cluster's defaults"); at 1 s it
     notices a dead replica or an autoscaling decision within a second instead of a tenth."""
     return {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1.0"}

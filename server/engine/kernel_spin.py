@@ -7,7 +7,7 @@ sequence alone in short steps (the default checkpoint at concurrency 1, about a 
 there the spinning thread holds the core that the event loop needs to hand the previous token to
 its stream, and that a client on the same machine needs to read it, and now and then a token waits
 for a whole further step. So a step of one sequence, while the recent steps are shorter than
-`SHORT_STEP_S`, runs with idle threads that sleep at once (BENCHMARKS.md section 15 measures both).
+`SHORT_STEP_S`, runs with idle threads that sleep at once (BENCHMARKS.md, "Latency under load", measures both).
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ class Drafter:
         not know them), else what followed the latest earlier occurrence of its longest suffix n-gram in
         its own tokens. The history's draft wins even when shorter: its keys hold more context, and where
         it stops, the continuation was not what followed before (taking the longer of the two measured
-        slower, BENCHMARKS.md section 14)."""
+        slower)."""
         if self.history is not None:
             shared = self.history.follow(req.cache_salt, tokens, length)
             if shared:

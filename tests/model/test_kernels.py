@@ -244,7 +244,7 @@ def test_attention_ignores_nan_past_the_sequence_end():
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_samplers_torch_ops_give_a_row_the_same_bits_in_any_batch(rows, threads):
     """logsumexp (the stock path's normalizer), softmax and cumsum (the sampled rows' CDF), argmax:
-    torch's own, checked for the property our kernels guarantee instead of rerouted (issue 12)."""
+    torch's own, checked for the property our kernels guarantee instead of rerouted."""
     x = rand(32, 8192, scale=4.0, seed=rows)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

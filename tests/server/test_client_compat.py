@@ -1,4 +1,4 @@
-"""What real clients send and operators expect (issue 23): chat content as a list of parts, a client's
+"""What real clients send and operators expect: chat content as a list of parts, a client's
 placeholder model name, several served names, vLLM's tokenizer routes (as lm-eval's remote tokenizer
 calls them), usage in every streamed chunk, logprobs 0, and the browser's favicon request."""
 

@@ -1,4 +1,4 @@
-"""The OpenAPI schema describes what the server does (issue 23): bounded and strict fields, every error
+"""The OpenAPI schema describes what the server does: bounded and strict fields, every error
 status with its shape, the content types of streams and metrics; then a bounded schemathesis run with
 every check, whose only failures are the known ones a schema cannot express."""
 
