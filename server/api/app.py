@@ -5,7 +5,9 @@ answers 503 until the model is loaded and warm, then 200, and 503 again once shu
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
@@ -66,12 +68,16 @@ def create_app(
 
 
 def _lifespan(state: AppState, load_engine: Callable[[], EngineClient], warmup: bool):
-    """Loads the engine in a background thread at start-up (so /health answers meanwhile); shuts it down at exit."""
+    """Loads the engine in a background thread at start-up (so /health answers meanwhile); shuts it down at exit.
+    A stop asked for while it loads waits for the loading to end, then stops what loaded: an interpreter that
+    exits under a thread still inside torch's kernels aborts ('terminate called without an active exception')."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        threading.Thread(target=state.load, args=(load_engine, warmup), name="kvserve-load", daemon=True).start()
+        loading = threading.Thread(target=state.load, args=(load_engine, warmup), name="kvserve-load", daemon=True)
+        loading.start()
         yield
+        await asyncio.to_thread(loading.join)
         if state.engine is not None:
             await asyncio.to_thread(state.engine.shutdown)
 
@@ -96,6 +102,13 @@ class GracefulServer(uvicorn.Server):
     """uvicorn, with the app told first on SIGTERM or SIGINT (`AppState.begin_shutdown`), so requests in
     flight finish or end with a 'shutdown' event while uvicorn waits for their connections. A SIGTERM
     is not raised again once the server has stopped, so the process exits with status 0."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if sockets and self.started:  # uvicorn names the address only of sockets it bound itself
+            host, port = sockets[0].getsockname()[:2]
+            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+            logging.getLogger("uvicorn.error").info("Uvicorn running on %s (Press CTRL+C to quit)", url)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         state: AppState | None = getattr(getattr(self.config.app, "state", None), "kvserve", None)

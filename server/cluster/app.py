@@ -208,18 +208,17 @@ def app_builder(args: dict):
     here: the config's `http_options` and the cluster decide. The flags and the checkpoint are checked as the
     command checks them; a problem is a ValueError whose message says it, which Serve reports as the
     deployment's failure."""
-    from server.__main__ import check_args
-    from server.cluster.__main__ import parse_args, settings_from
+    from server.cli import check_args, cluster_settings_from, parse_cluster_args, replica_device
 
     argv = argv_of(args)
     try:
-        parsed = parse_args(argv)
+        parsed = parse_cluster_args(argv)
     except SystemExit:  # argparse printed why on this process's stderr; the config's reader sees this
         raise ValueError(f"the config's args are not flags of python -m server.cluster: {' '.join(argv)}") from None
-    problem = check_args(parsed)
+    problem = check_args(parsed, engines_here=0, device=replica_device(parsed))  # Serve places the replicas
     if problem is not None:
         raise ValueError(problem[1])
-    return build_app(settings_from(parsed))
+    return build_app(cluster_settings_from(parsed))
 
 
 def argv_of(args: dict) -> list[str]:

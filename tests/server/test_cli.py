@@ -1,11 +1,12 @@
-"""`python -m server`: flags and refusal of an incomplete checkpoint."""
+"""`python -m server`: flags (server/cli.py) and refusal of an incomplete checkpoint."""
 
 from __future__ import annotations
 
 import pytest
 
 from model.checkpoint import DEFAULT_CHECKPOINT
-from server.__main__ import main, parse_args
+from server.__main__ import main
+from server.cli import check_args, parse_args, parse_cluster_args
 from server.engine.config import EngineConfig
 
 
@@ -125,7 +126,7 @@ def test_the_step_time_target_flag_reaches_the_engine_config():
 
 
 def test_the_ngram_history_flag_reaches_the_engine_config_and_zero_turns_it_off():
-    from server.__main__ import engine_config_from
+    from server.cli import engine_config_from
 
     assert engine_config_from(parse_args([])).ngram_history == EngineConfig().ngram_history > 0
     assert engine_config_from(parse_args(["--ngram-history", "0"])).ngram_history == 0
@@ -155,3 +156,43 @@ def test_log_level_trace_starts_as_the_help_says(tmp_path):
     )
     assert done.returncode == 2 and "not a complete checkpoint" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("parse", [parse_args, parse_cluster_args], ids=["server", "cluster"])
+def test_both_commands_take_ports_0_to_65535_only(parse, capsys):
+    """A larger --port was bound modulo 65536 (99999 became 34463) or to a random port (65536)."""
+    assert [parse(["--port", p]).port for p in ("0", "8000", "65535")] == [0, 8000, 65535]
+    for port in ("65536", "99999", "-1", "http"):
+        with pytest.raises(SystemExit):
+            parse(["--port", port])
+        assert "argument --port: " in capsys.readouterr().err
+
+
+def test_a_kv_cache_size_that_is_not_a_number_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--kv-cache-memory", "inf"])  # int(inf) raised OverflowError through argparse
+    assert "not a size in bytes: 'inf'" in capsys.readouterr().err
+
+
+def test_a_kv_cache_above_the_free_memory_is_refused_before_anything_loads(tiny_checkpoint, monkeypatch, capsys):
+    """--kv-cache-memory 64GB on a 23 GiB machine stayed up unhealthy, zeroing memory towards the OOM killer."""
+    monkeypatch.setattr("model.kv_cache.available_memory", lambda device="cpu": 23 * 2**30)
+    assert main(["--checkpoint", str(tiny_checkpoint), "--kv-cache-memory", "64GB"]) == 2
+    err = capsys.readouterr().err
+    assert "--kv-cache-memory asks for a KV cache of 59.6 GiB" in err and "the 23 GiB of memory available" in err
+    assert check_args(parse_args(["--checkpoint", str(tiny_checkpoint), "--kv-cache-memory", "16GB"])) is None
+    # the replicas of a local Ray share this machine: two of 16 GB do not fit
+    two = parse_cluster_args(["--checkpoint", str(tiny_checkpoint), "--kv-cache-memory", "16GB"])
+    kind, message = check_args(two, engines_here=2)
+    assert kind == "usage" and "for each of 2 replicas" in message
+
+
+def test_the_cluster_command_does_not_import_the_server_command():
+    """Both commands take their flags from server/cli.py; the cluster's imported `python -m server`'s
+    module for them, and server/cluster/app.py imported both."""
+    import subprocess
+    import sys
+
+    code = "import sys, server.cluster.__main__; print('server.__main__' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr

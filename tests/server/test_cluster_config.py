@@ -23,7 +23,8 @@ def test_the_serve_config_files_deploy_the_same_application_with_autoscaling_fro
     import yaml
     from ray.serve.schema import ServeDeploySchema
 
-    from server.cluster.__main__ import parse_args, settings_from
+    from server.cli import cluster_settings_from as settings_from
+    from server.cli import parse_cluster_args as parse_args
     from server.cluster.app import app_builder, argv_of, replica_options
 
     root = Path(__file__).resolve().parents[2]
@@ -94,7 +95,7 @@ def test_the_serve_config_files_deploy_the_same_application_with_autoscaling_fro
 def test_autoscaling_flags_that_serve_would_refuse_are_refused_before_ray_starts(capsys):
     """Serve wants min ≤ initial ≤ max: the initial number defaults to 2 held within the bounds, and a
     --replicas or --min-replicas outside them is a usage error, not a traceback once Ray has started."""
-    from server.cluster.__main__ import parse_args
+    from server.cli import parse_cluster_args as parse_args
 
     assert parse_args([]).replicas == 2 and parse_args(["--replicas", "5"]).replicas == 5
     assert parse_args(["--max-replicas", "1"]).replicas == 1
@@ -109,7 +110,9 @@ def test_autoscaling_flags_that_serve_would_refuse_are_refused_before_ray_starts
 
 
 def test_the_cli_forwards_the_engine_flags_and_checks_them_before_ray_starts(checkpoint, capsys):
-    from server.cluster.__main__ import main, parse_args, settings_from
+    from server.cli import cluster_settings_from as settings_from
+    from server.cli import parse_cluster_args as parse_args
+    from server.cluster.__main__ import main
     from server.cluster.app import replica_options
 
     s = settings_from(

@@ -10,9 +10,7 @@ import pytest
 
 from model import kernels
 from model.sampling import SamplingParams
-from server.__main__ import engine_config_from, parse_args
-from server.cluster.__main__ import CLUSTER_ENGINE_NICENESS
-from server.cluster.__main__ import parse_args as parse_cluster_args
+from server.cli import CLUSTER_ENGINE_NICENESS, engine_config_from, parse_args, parse_cluster_args
 from server.engine import Engine
 from server.engine.thread_priority import thread_nice
 
