@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from model.sampling import MAX_LOGPROBS
 from server.api.errors import APIError
 
+# What a route generates when the request does not say (each capped by Limits.new_tokens): TGI's default,
+# and OpenAI's for /v1/completions. Chat has none of its own: what the context leaves.
+TGI_DEFAULT_MAX_NEW_TOKENS = 100
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -59,6 +64,21 @@ class Limits:
                 reason="prompt_too_long",
                 code="context_length_exceeded",
             )
+
+    def new_tokens(
+        self, requested: int | None, field: str, *, prompt_len: int, context_length: int, default: int | None
+    ) -> int:
+        """The most tokens a request may generate, by one rule on every route. Asked for: that number, a 422
+        naming `field` above --max-new-tokens (past the context, the engine refuses it naming both lengths).
+        Not asked for: the route's `default` (TGI_DEFAULT_MAX_NEW_TOKENS, COMPLETIONS_DEFAULT_MAX_TOKENS;
+        None for chat), cut to what the context leaves after the prompt (the longest, for several) and to
+        --max-new-tokens, and at least 1: a prompt that fills the context is then refused for its own length,
+        not for a number of new tokens the client never sent."""
+        if requested is not None:
+            self.check_new_tokens(requested, field)
+            return requested
+        caps = (default, context_length - prompt_len, self.max_new_tokens)
+        return max(1, min(c for c in caps if c is not None))
 
     def check_new_tokens(self, max_new_tokens: int, field: str) -> None:
         if self.max_new_tokens is not None and max_new_tokens > self.max_new_tokens:

@@ -90,7 +90,8 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(
         None,
         ge=0,
-        description="default 16 (or --max-new-tokens, if lower); 0 with echo scores the prompt and generates nothing",
+        description="default 16, or less where --max-new-tokens or the context left after the prompt is less; "
+        "0 with echo scores the prompt and generates nothing",
     )
     echo: bool = False
     logprobs: int | None = Field(

@@ -66,8 +66,9 @@ def chat_prompt(engine: EngineClient, messages: list[ChatMessage], add_generatio
 
 def chat_params(body: ChatCompletionRequest, engine: EngineClient, limits: Limits, prompt_len: int) -> SamplingParams:
     temperature = 1.0 if body.temperature is None else body.temperature
-    max_new = body.max_new_tokens or max(1, min(engine.context_length - prompt_len, limits.max_new_tokens or 10**9))
-    limits.check_new_tokens(max_new, "max_tokens")
+    max_new = limits.new_tokens(  # no default of chat's own: what the context leaves
+        body.max_new_tokens, "max_tokens", prompt_len=prompt_len, context_length=engine.context_length, default=None
+    )
     limits.check_count("n", body.n, "max_n")
     limits.check_count("top_logprobs", body.top_logprobs, "max_logprobs")
     top = (body.top_logprobs or 0) if body.logprobs else 0

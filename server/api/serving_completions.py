@@ -16,7 +16,7 @@ from model.sampling import SamplingParams
 from server.api.encoding import encode
 from server.api.engine_client import EngineClient
 from server.api.generation import Generation, tokens_of
-from server.api.limits import Limits
+from server.api.limits import COMPLETIONS_DEFAULT_MAX_TOKENS, Limits
 from server.api.metrics import Metrics
 from server.api.model_names import ServedNames
 from server.api.openai_output import OPENAI_FINISH, usage_of, usage_so_far
@@ -33,11 +33,17 @@ from server.api.sse import DONE, NOTHING_YET, error_event, sse_response
 from server.engine import FINISH_ERROR, TokenOutput
 
 
-def completion_params(r: CompletionRequest, engine: EngineClient, limits: Limits) -> SamplingParams:
-    """OpenAI's rule: temperature defaults to 1 (sampling); temperature 0 is greedy."""
+def completion_params(r: CompletionRequest, engine: EngineClient, limits: Limits, prompt_len: int) -> SamplingParams:
+    """OpenAI's rule: temperature defaults to 1 (sampling); temperature 0 is greedy. A missing max_tokens is
+    OpenAI's 16, cut as Limits.new_tokens says (`prompt_len`: the longest prompt's)."""
     temperature = 1.0 if r.temperature is None else r.temperature
-    max_tokens = min(16, limits.max_new_tokens or 16) if r.max_tokens is None else r.max_tokens
-    limits.check_new_tokens(max_tokens, "max_tokens")
+    max_tokens = limits.new_tokens(
+        r.max_tokens,
+        "max_tokens",
+        prompt_len=prompt_len,
+        context_length=engine.context_length,
+        default=COMPLETIONS_DEFAULT_MAX_TOKENS,
+    )
     limits.check_count("n", r.n, "max_n")
     limits.check_count("best_of", r.best_of, "max_best_of")
     limits.check_count("logprobs", r.logprobs, "max_logprobs")
@@ -145,7 +151,7 @@ async def openai_completion(
     names.check(body.model)
     limits.check_stop(body.stop_list, "stop")
     prompts = await prompt_ids_of(engine, body.prompts, limits)
-    params = completion_params(body, engine, limits)
+    params = completion_params(body, engine, limits, max(map(len, prompts)))
     n, copies = body.n, body.best_of or body.n
     gen = Generation(
         engine,

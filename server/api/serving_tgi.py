@@ -16,7 +16,7 @@ from server.api.encoding import encode
 from server.api.engine_client import EngineClient
 from server.api.errors import APIError
 from server.api.generation import Generation, tokens_of
-from server.api.limits import Limits
+from server.api.limits import TGI_DEFAULT_MAX_NEW_TOKENS, Limits
 from server.api.metrics import Metrics
 from server.api.params import sampling_params
 from server.api.protocol import (
@@ -35,18 +35,21 @@ from server.api.seeds import copies_of, seed_for
 from server.api.sse import error_event, sse, sse_response
 from server.engine import FINISH_EOS, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, TokenOutput
 
-DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default, cut to what the context leaves
 TGI_FINISH = {FINISH_LENGTH: "length", FINISH_EOS: "eos_token", FINISH_STOP: "stop_sequence"}
 
 
 def tgi_sampling_params(p: GenerateParameters, prompt_len: int, engine: EngineClient, limits: Limits) -> SamplingParams:
     """TGI's rule: sampling happens when do_sample is true, or when temperature (!= 1), top_k or
     top_p (< 1) is given; otherwise decoding is greedy and those fields are ignored. A missing
-    max_new_tokens is min(100, context - prompt length, --max-new-tokens)."""
+    max_new_tokens is TGI's 100, cut as Limits.new_tokens says."""
     sampling = p.do_sample or p.temperature not in (None, 1.0) or p.top_k is not None or p.top_p not in (None, 1.0)
-    cap = limits.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
-    max_new = p.max_new_tokens or max(1, min(DEFAULT_MAX_NEW_TOKENS, engine.context_length - prompt_len, cap))
-    limits.check_new_tokens(max_new, "parameters.max_new_tokens")
+    max_new = limits.new_tokens(
+        p.max_new_tokens,
+        "parameters.max_new_tokens",
+        prompt_len=prompt_len,
+        context_length=engine.context_length,
+        default=TGI_DEFAULT_MAX_NEW_TOKENS,
+    )
     limits.check_count("parameters.top_n_tokens", p.top_n_tokens, "max_logprobs")
     limits.check_count("parameters.best_of", p.best_of, "max_best_of")
     if (p.best_of or 1) > 1 and not sampling:
