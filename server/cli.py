@@ -246,7 +246,7 @@ def _add_server_flags(ap: argparse.ArgumentParser, cluster: bool) -> None:
         "--quantization",
         default=None,
         choices=["int8"],
-        help="int8: quantize the weights of every product at load (exact kernels, AVX512-VNNI)",
+        help="int8: quantize every product's weights at load (exact kernels, any AVX2 CPU; KVSERVE_ISA picks the path)",
     )
     eng.add_argument(
         "--threads",
