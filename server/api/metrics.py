@@ -8,7 +8,7 @@ from collections.abc import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from server.engine import FINISH_EOS, FINISH_STOP, RequestStats, TokenOutput
+from server.engine import FINISH_EOS, FINISH_STOP, EngineInfo, RequestStats, TokenOutput
 from server.engine.counters import EngineCounters
 from server.engine.step_stats import HistogramSnapshot, StepStatsSnapshot
 
@@ -218,6 +218,24 @@ class Metrics:
         self.waiting.labels(self.model_name).set_function(waiting)
         self.kv_usage.labels(self.model_name).set_function(kv_usage)
         self.registry.register(EngineCounterCollector(self.model_name, counters))
+
+    def describe(self, info: EngineInfo) -> None:
+        """kvserve:kernel_info, always 1: what the model runs on, as labels (the kernels, the instruction-set
+        path its products take, the weights' dtype and quantization, the device)."""
+        labels = {
+            "kernels": info.kernels,
+            "kernel_isa": info.kernel_isa or "none",
+            "dtype": info.model_dtype,
+            "quantization": info.config.quantization or "none",
+            "device": info.device_type,
+        }
+        gauge = Gauge(
+            PREFIX + "kernel_info",
+            "What the model runs on (always 1).",
+            ["model_name", *labels],
+            registry=self.registry,
+        )
+        gauge.labels(self.model_name, *labels.values()).set(1)
 
     def bind_steps(self, read: Callable[[], StepStatsSnapshot]) -> None:
         """The engine's step histograms and budget, read when scraped."""

@@ -78,6 +78,7 @@ class AppState:
         self.metrics.bind(
             lambda: engine.num_running, lambda: engine.num_waiting, lambda: engine.kv_cache_usage, engine.counters
         )
+        self.metrics.describe(engine.info)
         self.metrics.bind_steps(engine.step_stats_snapshot)  # a local Engine's, or the replicas' summed
         self.engine = engine
         log.info("model %s ready", self.model_name)

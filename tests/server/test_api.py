@@ -167,6 +167,8 @@ def test_models_info_and_health(live):
     info = httpx.get(live.url + "/info").json()
     assert info["max_total_tokens"] == 128
     assert info["kernel_isa"] == (kernels.kernel_paths()["float32"] if EXACT else None)
+    isa = info["kernel_isa"] or "none"
+    assert live.metric("kvserve:kernel_info", kernel_isa=isa, kernels=info["kernels"], quantization="none") == 1
 
 
 def test_metrics_count_tokens_and_finished_requests(live):
