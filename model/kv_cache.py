@@ -4,6 +4,11 @@ reads and writes them.
 A sequence's keys and values live in the blocks its block table lists, in order: position p sits in
 block `table[p // block_size]` at offset `p % block_size`. Which blocks a sequence holds is the
 engine's business (server/engine/block_manager.py); this module only stores them.
+
+A layer holds `num_key_value_heads x head_dim` values per token for keys and as many for values: a
+grouped-query model (model/models) caches only its key/value heads, each read in place by the query
+heads of its group, and its keys already rotated (RoPE applied at their own positions). GPT-2's config
+has as many key/value heads as query heads, of n_embd / n_head.
 """
 
 from __future__ import annotations
@@ -13,10 +18,14 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from model.config import GPTConfig
+
+if TYPE_CHECKING:  # model.models imports this module (through model.gpt): the name only, for annotations
+    from model.models.config import ModelConfig
 
 log = logging.getLogger("kvserve.kv_cache")
 
@@ -60,9 +69,32 @@ def resolve_kv_cache_dtype(name: str | None, model_dtype: torch.dtype) -> torch.
     return dtype
 
 
-def auto_kv_cache_bytes(config: GPTConfig, dtype: torch.dtype, device: torch.device | str = "cpu") -> int:
+@dataclass(frozen=True)
+class KVShape:
+    """What the cache holds per token and layer, read from either kind of config."""
+
+    num_layers: int
+    num_kv_heads: int  # key/value heads (GPT-2: n_head; a GQA model: num_key_value_heads)
+    head_dim: int  # need not be hidden / heads (Qwen3)
+    context: int  # the longest sequence: n_positions or max_position_embeddings
+
+    @classmethod
+    def of(cls, config: GPTConfig | ModelConfig) -> KVShape:
+        if not isinstance(config, GPTConfig):  # a decoder family's ModelConfig
+            return cls(
+                config.num_hidden_layers, config.num_key_value_heads, config.head_dim, config.max_position_embeddings
+            )
+        return cls(config.n_layer, config.n_head, config.head_dim, config.n_positions)
+
+    @property
+    def width(self) -> int:
+        """Keys (or values) of one token in one layer: num_kv_heads * head_dim."""
+        return self.num_kv_heads * self.head_dim
+
+
+def auto_kv_cache_bytes(config: GPTConfig | ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu") -> int:
     """The default KV cache size for a model: see AUTO_KV_SEQUENCES and AUTO_KV_FRACTION."""
-    per_sequence = config.n_positions * PagedKVCache.bytes_per_token(config, dtype)
+    per_sequence = KVShape.of(config).context * PagedKVCache.bytes_per_token(config, dtype)
     cap = int(available_memory(device) * AUTO_KV_FRACTION)
     return max(per_sequence, min(AUTO_KV_SEQUENCES * per_sequence, cap))
 
@@ -153,13 +185,13 @@ class StepBatch:
 
 class PagedKVCache:
     """`num_blocks` blocks of `block_size` tokens, allocated once, one tensor per layer:
-    (num_blocks, 2, n_head, block_size * head_dim), keys then values. Within a block, a head's keys
+    (num_blocks, 2, kv_heads, block_size * head_dim), keys then values. Within a block, a head's keys
     are stored transposed, [head_dim][block_size], and its values [block_size][head_dim]
     (model/kernels/csrc/attention.cpp says why)."""
 
     def __init__(
         self,
-        config: GPTConfig,
+        config: GPTConfig | ModelConfig,
         num_blocks: int,
         block_size: int = 16,
         *,
@@ -171,10 +203,11 @@ class PagedKVCache:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.config, self.num_blocks, self.block_size = config, num_blocks, block_size
-        self.n_head, self.head_dim = config.n_head, config.head_dim
-        shape = (num_blocks, 2, config.n_head, block_size * config.head_dim)
+        kv = KVShape.of(config)
+        self.n_head, self.head_dim = kv.num_kv_heads, kv.head_dim  # n_head: the key/value heads cached
+        shape = (num_blocks, 2, kv.num_kv_heads, block_size * kv.head_dim)
         # One tensor per layer: each layer's attention writes and reads its own, in place.
-        self.layers = [zeros_in_huge_pages(shape, dtype, device) for _ in range(config.n_layer)]
+        self.layers = [zeros_in_huge_pages(shape, dtype, device) for _ in range(kv.num_layers)]
         log.info(
             "KV cache: %d blocks of %d tokens, %d tokens in all (%.1f MiB, %s)",
             num_blocks,
@@ -185,19 +218,20 @@ class PagedKVCache:
         )
 
     @staticmethod
-    def bytes_per_token(config: GPTConfig, dtype: torch.dtype) -> int:
+    def bytes_per_token(config: GPTConfig | ModelConfig, dtype: torch.dtype) -> int:
         """Keys and values of one token, all layers."""
-        return config.n_layer * 2 * config.n_embd * torch.empty((), dtype=dtype).element_size()
+        kv = KVShape.of(config)
+        return kv.num_layers * 2 * kv.width * torch.empty((), dtype=dtype).element_size()
 
     @classmethod
-    def bytes_per_block(cls, config: GPTConfig, block_size: int, dtype: torch.dtype) -> int:
+    def bytes_per_block(cls, config: GPTConfig | ModelConfig, block_size: int, dtype: torch.dtype) -> int:
         """Keys and values of `block_size` tokens, all layers."""
         return cls.bytes_per_token(config, dtype) * block_size
 
     @classmethod
     def blocks_for_memory(
         cls,
-        config: GPTConfig,
+        config: GPTConfig | ModelConfig,
         memory_bytes: int | None,
         block_size: int,
         dtype: torch.dtype,
@@ -209,14 +243,17 @@ class PagedKVCache:
         return memory_bytes // cls.bytes_per_block(config, block_size, dtype)
 
     @classmethod
-    def check_holds_a_context(cls, config: GPTConfig, num_blocks: int, block_size: int, dtype: torch.dtype) -> None:
+    def check_holds_a_context(
+        cls, config: GPTConfig | ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype
+    ) -> None:
         """A ValueError naming --kv-cache-memory when `num_blocks` cannot hold one context-long sequence."""
-        longest = -(-config.n_positions // block_size)
+        context = KVShape.of(config).context
+        longest = -(-context // block_size)
         if num_blocks < longest:
             per_block = cls.bytes_per_block(config, block_size, dtype)
             raise ValueError(
                 f"the KV cache holds {num_blocks} blocks of {block_size} tokens ({num_blocks * per_block} "
-                f"bytes), fewer than one {config.n_positions}-token sequence needs ({longest} blocks, "
+                f"bytes), fewer than one {context}-token sequence needs ({longest} blocks, "
                 f"{longest * per_block} bytes): raise --kv-cache-memory"
             )
 
@@ -246,7 +283,7 @@ class PagedKVCache:
 
 
 def kv_cache_blocks(
-    config: GPTConfig,
+    config: GPTConfig | ModelConfig,
     block_size: int,
     dtype: torch.dtype,
     *,

@@ -10,6 +10,8 @@ import torch
 from model import kv_cache
 from model.config import GPTConfig
 from model.kv_cache import AUTO_KV_FRACTION, AUTO_KV_SEQUENCES, PagedKVCache, auto_kv_cache_bytes, kv_cache_blocks
+from model.models import config_from_hf
+from model.models.presets import PRESETS
 
 GPT2 = GPTConfig(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
 
@@ -57,3 +59,27 @@ def test_the_cache_logs_the_tokens_it_holds(caplog, tiny_config):
     with caplog.at_level(logging.INFO, logger="kvserve.kv_cache"):
         PagedKVCache(tiny_config, 5, 16)
     assert "80 tokens in all" in caplog.text
+
+
+SMOLLM2 = config_from_hf(PRESETS["smollm2-135m"])  # 9 query heads, 3 key/value heads of 64, 30 layers
+
+
+def test_a_grouped_query_model_caches_only_its_key_value_heads():
+    """SmolLM2 holds 3 key/value heads of 64 per layer: a third of the bytes of its 9 query heads."""
+    assert PagedKVCache.bytes_per_token(SMOLLM2, torch.bfloat16) == 30 * 2 * 3 * 64 * 2
+    full_heads = SMOLLM2.replace(num_key_value_heads=9)
+    assert PagedKVCache.bytes_per_token(full_heads, torch.bfloat16) == 3 * PagedKVCache.bytes_per_token(
+        SMOLLM2, torch.bfloat16
+    )
+    cache = PagedKVCache(SMOLLM2, 4, 16, dtype=torch.bfloat16)
+    assert len(cache.layers) == 30
+    assert cache.layers[0].shape == (4, 2, 3, 16 * 64)
+    assert cache.total_bytes() == 4 * PagedKVCache.bytes_per_block(SMOLLM2, 16, torch.bfloat16)
+
+
+def test_a_head_dim_of_its_own_sizes_the_cache_and_the_context_is_max_position_embeddings():
+    qwen3 = config_from_hf(PRESETS["qwen3-0.6b"])  # 8 key/value heads of 128 under a hidden size of 1024
+    assert PagedKVCache.bytes_per_token(qwen3, torch.float32) == 28 * 2 * 8 * 128 * 4
+    per_block = PagedKVCache.bytes_per_block(qwen3, 16, torch.float32)
+    with pytest.raises(ValueError, match="fewer than one 40960-token sequence needs"):
+        kv_cache_blocks(qwen3, 16, torch.float32, memory_bytes=per_block)
