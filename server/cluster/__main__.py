@@ -44,14 +44,17 @@ async def _stop(grace: float, joined: bool) -> None:
     used from one, and shut down on it."""
     from ray import serve
 
+    log = logging.getLogger("kvserve.cluster")
     try:
         await asyncio.wait_for(serve.get_app_handle("kvserve").begin_shutdown.remote(), grace + 10)
     except Exception as e:  # noqa: BLE001 - Serve stops it anyway, with its own graceful wait
-        logging.getLogger("kvserve.cluster").warning("the ingress did not drain: %r", e)
+        log.warning("the ingress did not drain: %r", e)
+    log.info("drained; stopping Serve")
     if joined:  # its other applications, and Serve, stay
         serve.delete("kvserve")
     else:
         await serve.shutdown_async()
+    log.info("Serve stopped")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     stop.wait()
     asyncio.run(_stop(settings.shutdown_grace, joined=bool(os.environ.get("RAY_ADDRESS"))))
     ray.shutdown()
+    logging.getLogger("kvserve.cluster").info("Ray stopped")
     return 0
 
 

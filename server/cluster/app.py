@@ -8,28 +8,25 @@ Serve config file names (`import_path: server.cluster.app:app_builder`).
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ray import serve
 from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 
+from server.api.errors import APIError
 from server.api.limits import Limits
-from server.cluster.client import RayEngineClient
+from server.cluster.client import DRAIN_MARGIN_S, RayEngineClient
 from server.cluster.metrics import cluster_metrics
 from server.cluster.ray_router import KVCacheRequestRouter
 from server.cluster.replica import EngineReplica
 from server.cluster.router import DEFAULT_IMBALANCE_THRESHOLD, ROUTERS
 from server.engine import EngineArgs, EngineConfig
 
-log = logging.getLogger("kvserve.cluster")
-
 REPLICA_DEPLOYMENT = "EngineReplica"
 ROUTING_STATS_PERIOD_S = 0.5  # how often Serve polls each replica's report for the router
 REPEATED_FLAGS = {"cors_origin"}  # flags given once per value (argparse's append)
-READY_REPLICAS_MAX_AGE_S = 1.0  # /health's replicas_ready is read again once older than this
+SHUTDOWN_WAIT_LOOP_S = 0.2  # how often a stopping replica looks for requests still running (Serve's default: 2 s)
 
 
 @dataclass
@@ -73,6 +70,7 @@ def replica_options(s: ClusterSettings) -> dict:
         "health_check_period_s": 2.0,
         "health_check_timeout_s": 30.0,
         "graceful_shutdown_timeout_s": s.shutdown_grace,
+        "graceful_shutdown_wait_loop_s": SHUTDOWN_WAIT_LOOP_S,
     }
     if s.autoscaling:
         opts["autoscaling_config"] = AutoscalingConfig(
@@ -112,24 +110,20 @@ class Ingress:
             asyncio.get_running_loop(),
             feeds=settings.feeds,
         )
-        self.app_name = serve.get_replica_context().app_name
-        self._ready = (0.0, 0)  # (when read, replicas running)
         self._load_failed: str | None = None  # why the app's load (its warmup call through the handle) failed
         self._asgi = None  # the app Serve serves, once built
-        self._reading: asyncio.Future | None = None
-        self._read_ready_replicas()
 
     async def begin_shutdown(self) -> None:
         """`python -m server.cluster`'s SIGTERM, through the app's handle, before Serve stops: from now on
-        /health and new requests answer 503, and this returns once the requests in flight have ended (each
-        within --shutdown-grace, as `python -m server` drains)."""
+        /health and new requests answer 503, and this returns once every request in flight has had its last
+        event (each within --shutdown-grace, then a 'shutdown' error event from its replica, as `python -m
+        server` drains: `RayEngineClient.drain`) and the replicas' feeds are closed."""
         state = self._asgi.state.kvserve if self._asgi is not None else None
         if state is None:
             return
         state.begin_shutdown()
-        deadline = time.monotonic() + self.settings.shutdown_grace + 1.0
-        while self.client.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        if state.engine is not None:  # loaded: its drain runs
+            await asyncio.to_thread(self.client.drained.wait, self.settings.shutdown_grace + DRAIN_MARGIN_S + 5.0)
 
     async def check_health(self) -> None:
         """Ray Serve's health check: an ingress whose warmup call failed (a replica lost as it started) would
@@ -138,27 +132,26 @@ class Ingress:
             raise RuntimeError(f"the ingress did not load: {self._load_failed}")
 
     def ready_replicas(self) -> int:
-        """Replicas of the engine deployment that Serve reports running, as last read; a reading older
-        than a second starts a new one. `serve.status()` asks Serve's controller and waits: it runs in a
-        worker thread, never on the loop that streams every request's tokens."""
-        if time.monotonic() - self._ready[0] > READY_REPLICAS_MAX_AGE_S:
-            self._read_ready_replicas()
-        return self._ready[1]
+        """Replicas this ingress may send requests to: those Serve lists as running to its router (pushed by
+        Serve's controller as they start and stop, no poll), less those a failed call or feed showed dead
+        since (`Router.replica_lost`), which Serve notices only at its next health check."""
+        router = ROUTERS.get(REPLICA_DEPLOYMENT)
+        return len(router.replicas) if router is not None else 0
 
-    def _read_ready_replicas(self) -> None:
-        if self._reading is not None and not self._reading.done():
-            return
-
-        def read() -> None:
-            try:
-                app = serve.status().applications.get(self.app_name)
-            except Exception as e:  # noqa: BLE001 - the last reading stands; the next /health tries again
-                log.warning("could not read Serve's status: %s", e)
-                return
-            dep = app.deployments.get(REPLICA_DEPLOYMENT) if app is not None else None
-            self._ready = (time.monotonic(), dep.replica_states.get("RUNNING", 0) if dep is not None else 0)
-
-        self._reading = asyncio.ensure_future(asyncio.to_thread(read))
+    def _health(self) -> dict:
+        """/health's fields beyond the app's own: a 503 while no replica can take a request (none started
+        yet, or all dead and not yet restarted), unless autoscaling may hold none (--min-replicas 0: the
+        next request starts one)."""
+        s, ready = self.settings, self.ready_replicas()
+        wanted = s.max_replicas or s.replicas
+        if ready == 0 and not (s.autoscaling and s.min_replicas == 0):
+            raise APIError(
+                503,
+                f"no replica is running ({wanted} wanted): Serve is starting them, or restarting one that died",
+                "unavailable",
+                headers={"Retry-After": "5"},
+            )
+        return {"replicas_ready": ready, "replicas_wanted": wanted}
 
     def __serve_build_asgi_app__(self):
         from server.api.app import create_app
@@ -173,7 +166,7 @@ class Ingress:
             cors_origins=s.cors_origins,
             shutdown_grace=s.shutdown_grace,
             on_load_failure=self._on_load_failure,
-            health=lambda: {"replicas_ready": self.ready_replicas(), "replicas_wanted": s.max_replicas or s.replicas},
+            health=self._health,
             extra_metrics=lambda: cluster_metrics(self.client, ROUTERS.get(REPLICA_DEPLOYMENT)),
         )
         return self._asgi
@@ -196,6 +189,7 @@ def build_app(s: ClusterSettings):
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=10_000,
         graceful_shutdown_timeout_s=s.shutdown_grace,
+        graceful_shutdown_wait_loop_s=SHUTDOWN_WAIT_LOOP_S,
     )
     return ingress.bind(replica.bind(engine_args, s.warmup), s)
 

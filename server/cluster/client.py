@@ -16,12 +16,15 @@ itself; they are handed to the request's sinks as they come. Faults:
   never a hang;
 - `abort` cancels the call: Ray cancels the replica's generator, which aborts the engine request, and
   the request ends here with an 'abort' event at once.
+Shutdown (`drain`) asks every replica to drain its engine, so each request in flight ends within the grace
+with its last event or a 'shutdown' error event from its replica, as with `python -m server`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -35,11 +38,12 @@ from model.config import GPTConfig, PromptError
 from model.generate import check_prompt
 from model.sampling import SamplingParams
 from server.api.engine_client import NotInProcessError
-from server.cluster.feeds import Feeds, Followed, cancel_call, wire_id
+from server.cluster.feeds import Feeds, Followed, cancel_call, replica_gone, wire_id
 from server.cluster.protocol import FeedEnded, Submission, Taken
 from server.cluster.router import ReplicaReport, Router
 from server.engine import FINISH_ABORT, FINISH_ERROR, EngineArgs, EngineInfo, EngineStoppedError, TokenOutput
 from server.engine.counters import EngineCounters
+from server.engine.engine import SHUTDOWN_MESSAGE
 from server.engine.kv_view import KVSnapshot
 from server.engine.step_stats import StepStatsSnapshot, merged
 
@@ -47,6 +51,7 @@ log = logging.getLogger("kvserve.cluster")
 
 RETRIES = 2  # times a call that failed before its first event is sent again
 RETRY_BACKOFF_S = 0.5  # seconds before the first retry, doubled each time
+DRAIN_MARGIN_S = 2.0  # past the grace, for the replicas' last events to arrive before the ingress ends the rest
 
 
 class RayEngineClient:
@@ -62,9 +67,10 @@ class RayEngineClient:
         process's router once Ray Serve made it; `loop`: the ingress's event loop, where the handle is used
         (Ray Serve may run the handle's router on it, and then refuses calls from other threads); `feeds`:
         False to have every request's events ride its own call."""
+        self.replicas = handle
         self.handle = handle.options(stream=True, method_name="generate")
         self.ingress_id = f"ingress-{uuid.uuid4().hex}" if feeds else None  # None: the replicas open no feed
-        self.feeds = Feeds(handle, self.ingress_id)
+        self.feeds = Feeds(handle, self.ingress_id, self._replica_gone)
         self.loop = loop
         self.engine_args = engine_args
         self.tokenizer = load_tokenizer(engine_args.checkpoint)
@@ -72,9 +78,11 @@ class RayEngineClient:
         self.config = engine_args.config
         self._router = router
         self._calls: dict[str, asyncio.Task] = {}  # request id -> the call carrying it (copies share one)
+        self._following: dict[asyncio.Task, Followed] = {}  # each call in flight -> its requests
         # request id -> done once a replica took it; its exception, if refused
         self._admissions: dict[str, asyncio.Future] = {}
         self._stopping = False  # draining: new requests are refused
+        self.drained = threading.Event()  # set once `drain` has ended every request and closed the feeds
 
     @property
     def context_length(self) -> int:
@@ -212,22 +220,54 @@ class RayEngineClient:
         """Calls to the replicas not ended."""
         return len(self._calls)
 
+    def _replica_gone(self, replica_id: str) -> None:
+        """A call or feed to `replica_id` failed because it died or cannot be reached: the router stops
+        counting it (/health's replicas_ready) and choosing it now, not once Serve's controller notices (and
+        takes it back if it reports again: `Router.report`)."""
+        router = self._router()
+        if router is not None:
+            router.replica_lost(replica_id)
+
     def _check_admitting(self) -> None:
         if self._stopping:  # as the local engine refuses once it drains (a 503)
             raise EngineStoppedError("the server is shutting down and takes no new requests")
 
     def drain(self, grace: float) -> None:
-        """No new requests; those in flight get `grace` seconds (the replicas' own drain runs when Serve stops
-        them)."""
+        """No new requests; every replica's engine gives those in flight `grace` seconds, then ends them with
+        a 'shutdown' error event that reaches their streams as any event does. Those still open
+        DRAIN_MARGIN_S later (their replica did not answer) end here the same way. Then the feeds close, so
+        that Serve finds the replicas idle when it stops them. Blocks until then."""
         self._stopping = True
-        deadline = time.monotonic() + grace
-        while self._calls and time.monotonic() < deadline:
-            time.sleep(0.05)
+        deadline = time.monotonic() + grace + DRAIN_MARGIN_S
+        try:
+            asyncio.run_coroutine_threadsafe(self._drain_replicas(grace), self.loop)
+            while self._calls and time.monotonic() < deadline:
+                time.sleep(0.05)
+            asyncio.run_coroutine_threadsafe(self._end_all_for_shutdown(), self.loop).result(timeout=10)
+        finally:
+            self.drained.set()
+
+    async def _drain_replicas(self, grace: float) -> None:
+        try:
+            results = await self.replicas.broadcast("drain", grace).results_async(
+                timeout_s=grace + DRAIN_MARGIN_S, return_exceptions=True
+            )
+        except Exception as e:  # noqa: BLE001 - the requests still open end at the ingress
+            log.warning("could not ask the replicas to drain: %s", _message(e))
+            return
+        for failed in (r for r in results if isinstance(r, Exception)):
+            log.warning("a replica did not drain: %s", _message(failed))
+
+    async def _end_all_for_shutdown(self) -> None:
+        """Every request still open ends with a 'shutdown' error event and its call is cancelled (the
+        replica aborts what is left of it); no feed stays open."""
+        for call, followed in list(self._following.items()):
+            followed.end(FINISH_ERROR, SHUTDOWN_MESSAGE, "shutdown")
+            call.cancel()
+        self.feeds.close()
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        for call in list(self._calls.values()):
-            call.get_loop().call_soon_threadsafe(call.cancel)
-        self.loop.call_soon_threadsafe(self.feeds.close)
+        asyncio.run_coroutine_threadsafe(self._end_all_for_shutdown(), self.loop)
 
     # ---- one call -----------------------------------------------------------------------------------
 
@@ -238,12 +278,14 @@ class RayEngineClient:
         call = loop.create_task(self._relay(sub, followed, admission))
         # whatever way the call ends, even cancelled before its first line ran (an abort right after submit)
         call.add_done_callback(lambda task: self._ended(task, sub, followed, admission))
+        self._following[call] = followed
         for rid in sub.request_ids:
             self._calls[rid] = call
             self._admissions[rid] = admission
 
     def _ended(self, call: asyncio.Task, sub: Submission, followed: Followed, admission: asyncio.Future) -> None:
         """Every request of the call has its last event, its admission an answer, and the call is forgotten."""
+        self._following.pop(call, None)
         self.feeds.unfollow(followed)
         if call.cancelled():  # a call cancelled before it ran, or a stream that stopped short
             followed.end(FINISH_ABORT)
@@ -282,6 +324,8 @@ class RayEngineClient:
                 except Exception as e:  # noqa: BLE001 - every failure reaches the client as an event
                     if response is not None:  # an attempt given up may still run on a replica that lives
                         cancel_call(response)
+                    if followed.replica is not None and replica_gone(e):
+                        self._replica_gone(followed.replica)
                     self.feeds.unfollow(followed)
                     if not followed.open_ids:  # ended already (its events said how)
                         return
@@ -362,7 +406,7 @@ async def _until_the_end(response) -> None:
 def _worth_again(e: BaseException) -> bool:
     """A failure that a new attempt of a call that produced nothing yet may not meet: its replica died, or
     the feed its events rode ended."""
-    return _replica_gone(e) or isinstance(e, FeedLost) or isinstance(_cause(e), FeedEnded)
+    return replica_gone(e) or isinstance(e, FeedLost) or isinstance(_cause(e), FeedEnded)
 
 
 def _cause(e: BaseException) -> BaseException:
@@ -370,14 +414,8 @@ def _cause(e: BaseException) -> BaseException:
     return getattr(e, "cause", None) or e
 
 
-def _replica_gone(e: BaseException) -> bool:
-    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-
-    return isinstance(e, (ActorDiedError, ActorUnavailableError, RayActorError))
-
-
 def _message(e: BaseException) -> str:
-    if _replica_gone(e):
+    if replica_gone(e):
         return "the replica serving this request died"
     cause = _cause(e)
     return f"{type(cause).__name__}: {cause}"

@@ -20,6 +20,7 @@ import contextvars
 import dataclasses
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from server.cluster.protocol import FeedRequest, Taken
@@ -44,6 +45,7 @@ class Followed:
     closed: asyncio.Future  # done once open_ids is empty, or once `lost`
     attempt: int = 0  # the call's attempt: 0, then one more for each retry
     feed_id: str | None = None  # the feed its events ride, once its `Taken` said so
+    replica: str | None = None  # the replica that took this attempt, once its `Taken` said so
     early: list[tuple[str, TokenOutput]] = field(default_factory=list)  # (feed id, event) before its `Taken`
     started: bool = False  # an event has reached a sink
     lost: tuple[str, str] | None = None  # (why, error type): its feed ended before any of its events came
@@ -101,9 +103,11 @@ class FeedState:
 
 
 class Feeds:
-    def __init__(self, handle, ingress_id: str) -> None:
+    def __init__(self, handle, ingress_id: str, on_replica_gone: Callable[[str], None] = lambda replica: None) -> None:
+        """`on_replica_gone(replica)`: an attached feed failed because its replica died or cannot be reached."""
         self.handle = handle.options(stream=True, method_name="feed")
         self.ingress_id = ingress_id
+        self.on_replica_gone = on_replica_gone
         self._by_replica: dict[str, FeedState] = {}  # replica -> its feed, while open
         self._by_id: dict[str, FeedState] = {}  # the open feeds
         self._ended: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()  # -> (why, type)
@@ -117,7 +121,7 @@ class Feeds:
 
     def expect(self, followed: Followed) -> None:
         """Before its call's attempt is sent: its events may come on a feed before the call's `Taken`."""
-        followed.feed_id, followed.early = None, []
+        followed.feed_id, followed.replica, followed.early = None, None, []
         for wire in followed.wire_ids:
             self._by_wire[wire] = followed
 
@@ -133,6 +137,7 @@ class Feeds:
         Either way that replica's feed is opened for the requests to come, if it is not. If that feed has
         ended already, the call is `lost` (or its requests end with an error, if some of its events came)."""
         self.open(taken.replica_id)
+        followed.replica = taken.replica_id
         early, followed.early = followed.early, []
         self.requests_by_stream["call" if taken.feed_id is None else "feed"] += 1
         if taken.feed_id is None:
@@ -201,6 +206,8 @@ class Feeds:
             raise
         except Exception as e:  # noqa: BLE001 - its requests end with the reason
             cancel_call(call)
+            if attached and replica_gone(e):
+                self.on_replica_gone(state.replica)
             why = f"the replica's stream of events failed: {type(e).__name__}: {e}"
             # not attached: its replica full (requests took the feed's place), refused, or gone; requests
             # there ride their own calls meanwhile
@@ -225,6 +232,14 @@ class Feeds:
         for followed in list(state.followers):
             self.unfollow(followed)
             followed.lose(why, error_type)
+
+
+def replica_gone(e: BaseException) -> bool:
+    """A call failed because the replica it reached died, or cannot be reached (Ray's word for a replica
+    whose process was killed, until Serve's controller declares it dead)."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+    return isinstance(e, (ActorDiedError, ActorUnavailableError, RayActorError))
 
 
 def cancel_call(response) -> None:

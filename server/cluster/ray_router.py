@@ -63,6 +63,10 @@ class KVCacheRequestRouter(RequestRouter):
         if not candidate_replicas:
             return []
         self._sync(candidate_replicas)
+        live = [r for r in candidate_replicas if r.replica_id.unique_id in self.router.replicas]
+        if not live:  # only replicas a failure showed dead, which Serve still lists: Serve's own choice
+            return [candidate_replicas]
+        candidate_replicas = live
         if pending_request is not None:  # when no replica takes it, Serve waits before asking again
             pending_request.routing_context.should_backoff = True
         feed = _arg(pending_request, FeedRequest)
@@ -110,8 +114,10 @@ class KVCacheRequestRouter(RequestRouter):
         result.add_done_callback(lambda _: self.router.finished(actual))
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        """Serve saw a call to `replica_id` fail because its actor died: gone for good (before its controller
+        notices), as when the ingress sees it (`RayEngineClient`)."""
         super().on_replica_actor_died(replica_id)
-        self.router.forget_cache(replica_id.unique_id)
+        self.router.replica_lost(replica_id.unique_id)
 
 
 def _arg(pending: PendingRequest | None, cls: type):

@@ -232,6 +232,12 @@ class EngineReplica:
             step_stats=self.engine.step_stats_snapshot(),
         ).to_stats()
 
+    async def drain(self, grace: float) -> None:
+        """The cluster's shutdown, which the ingress broadcasts to every replica before Serve stops them: the
+        engine takes no new request, and those in flight get `grace` seconds, then end with an error event
+        of type 'shutdown' on their stream, as `python -m server` ends them."""
+        await asyncio.to_thread(self.engine.drain, grace)
+
     async def check_health(self) -> None:
         """Ray Serve's health check: a replica whose engine thread died is restarted."""
         if not self.engine.alive:

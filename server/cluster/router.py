@@ -210,6 +210,8 @@ class Router:
         self.policy, self.block_size = policy, block_size
         self.imbalance_threshold, self.pending_ttl = imbalance_threshold, pending_ttl
         self.replicas: dict[str, ReplicaState] = {}
+        # replica -> when (wall clock, as reports are timed) a failed call showed it dead or unreachable
+        self.lost: dict[str, float] = {}
         self.decisions: Counter[tuple[str, str]] = Counter()  # (policy, outcome) -> count
         self._rng = random.Random(seed)
         self._turn = 0  # requests routed: round-robin's position
@@ -225,10 +227,27 @@ class Router:
     # ---- membership and reports -------------------------------------------------------------------
 
     def set_replicas(self, replica_ids: Sequence[str]) -> None:
-        """The replicas that may be chosen now; state is kept for those that stay."""
-        self.replicas = {rid: self.replicas.get(rid) or ReplicaState(rid) for rid in replica_ids}
+        """The replicas that may be chosen now (Serve's view, less those lost); state is kept for those that
+        stay."""
+        self.lost = {rid: t for rid, t in self.lost.items() if rid in replica_ids}  # Serve dropped the others
+        self.replicas = {
+            rid: self.replicas.get(rid) or ReplicaState(rid) for rid in replica_ids if rid not in self.lost
+        }
+
+    def replica_lost(self, replica_id: str) -> None:
+        """A call or feed to `replica_id` failed because it died or cannot be reached: it is neither chosen
+        nor counted from now on, before Serve's controller notices (a replica that Serve starts again has a
+        new id), unless a report it makes after this shows it alive (`report`)."""
+        self.lost[replica_id] = time.time()
+        self.replicas.pop(replica_id, None)
 
     def report(self, report: ReplicaReport) -> None:
+        lost_at = self.lost.get(report.replica_id)
+        if lost_at is not None:
+            if report.time <= lost_at:  # made before it was lost: says nothing of whether it lives
+                return
+            del self.lost[report.replica_id]  # unreachable for a while only: it reports again
+            self.replicas[report.replica_id] = ReplicaState(report.replica_id)
         state = self.replicas.get(report.replica_id)
         if state is not None:
             with self._lock:  # `unrouted` changes the same maps, from the ingress's thread behind Serve's proxy

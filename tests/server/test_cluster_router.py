@@ -192,6 +192,24 @@ def test_a_restarted_replica_loses_its_believed_cache_and_an_excluded_one_is_ski
         router.choose(_prompt(8, 1), exclude=["r0", "r1"])
 
 
+def test_a_replica_a_failure_showed_gone_is_not_chosen_until_serve_drops_it_or_it_reports_again():
+    """What the ingress saw fail (a stream or feed cut by its replica's death) leaves the router at once,
+    though Serve still lists it; a report it makes afterwards brings it back (it was unreachable for a
+    while only); one made before does not."""
+    router = _router("kv", n=2)
+    before = dataclasses.replace(_report("r0"), time=0.0)
+    router.replica_lost("r0")
+    router.set_replicas(["r0", "r1"])  # Serve's view, not yet updated
+    assert list(router.replicas) == ["r1"] and router.choose(_prompt(1, 0)).replica_id == "r1"
+    router.report(before)
+    assert list(router.replicas) == ["r1"]
+    router.report(dataclasses.replace(_report("r0"), time=router.lost["r0"] + 1))  # made after the failure
+    assert sorted(router.replicas) == ["r0", "r1"]
+    router.replica_lost("r1")
+    router.set_replicas(["r0", "r2"])  # Serve dropped it and started another: nothing left to remember
+    assert sorted(router.replicas) == ["r0", "r2"] and router.lost == {}
+
+
 def test_a_call_taken_back_after_its_counts_expired_leaves_a_newer_requests_counts_alone():
     """A call that waited in Serve's queue past the pending TTL: its keys' counts have expired, and a newer
     request with the same prefix counts them now; cancelling the old call takes nothing from the new one."""
