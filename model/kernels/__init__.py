@@ -20,6 +20,7 @@ has (AVX2, AVX-VNNI, AVX-512, AVX512-BF16, AVX512-VNNI, AMX), picked per call; `
 
 from __future__ import annotations
 
+from model.config import GPTConfig
 from model.kernels import stock
 from model.kernels.backend import KernelBackend
 from model.kernels.exact import (
@@ -50,18 +51,23 @@ from model.kernels.library import (
     spin_us,
     unavailable_reason,
 )
-from model.kernels.stock import StockBackend
+from model.kernels.stock import DecoderStockBackend, StockBackend
 
 KERNEL_CHOICES = ("auto", "exact", "stock")
 
 
 def choose_backend(model, name: str = "auto", quantization: str | None = None) -> KernelBackend:
     """The backend `name` asks for ('auto': exact where it runs, see kernels_for) for a model of
-    model/gpt.py, built from its current weights; quantization='int8' quantizes its products' weights
-    (exact kernels only). Raises ValueError for an unknown name or a combination that cannot be, and
-    RuntimeError where the kernels asked for do not run here."""
+    model/gpt.py or model/models (a decoder family's CausalLM), built from its current weights;
+    quantization='int8' quantizes its products' weights (exact kernels only). Raises ValueError for an
+    unknown name or a combination that cannot be, and RuntimeError where the kernels asked for do not run
+    here."""
     if name not in KERNEL_CHOICES:
         raise ValueError(f"kernels must be 'auto', 'exact' or 'stock', got {name!r}")
+    if not isinstance(model.config, GPTConfig):  # a decoder family (model/models): torch's kernels so far
+        if name == "exact" or quantization is not None:
+            raise RuntimeError("the exact and int8 kernels do not run the decoder families yet")
+        return DecoderStockBackend(model)
     if quantization is not None:
         if quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {quantization!r}")
@@ -95,6 +101,7 @@ __all__ = [
     "KernelBackend",
     "PackedNorm",
     "PackedWeight",
+    "DecoderStockBackend",
     "StockBackend",
     "choose_backend",
     "configured_spin_us",

@@ -1,7 +1,7 @@
 """The step through torch's own kernels: on CUDA, for float16 / float64, and on a CPU without the
 exact kernels. Same interface and cache layout as the exact ones (model/kernels/exact.py), with a
 tolerance instead of bit-identity: torch's products and attention add in orders that depend on the
-batch's shape."""
+batch's shape. One backend for GPT-2 (model/gpt.py), one for the Llama-style decoder (model/models)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,22 @@ class StockBackend(KernelBackend):
         return F.linear(t.ln_f(hidden), t.wte.weight).float()  # (R, V)
 
 
+class DecoderStockBackend(KernelBackend):
+    """The Llama-style decoder of model/models/decoder.py op by op (`DecoderModel.forward_step`): the
+    reference's own modules, the attention over the paged cache through `grouped_paged_attention`."""
+
+    name = "stock"
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def forward_step(self, step, cache) -> torch.Tensor:
+        return self.model.model.forward_step(step.trimmed(), cache)  # (N, C)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.model.model.norm(hidden), self.model.output_weight).float()  # (R, V)
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -59,7 +75,7 @@ def linear(
 def write_cache(
     k: torch.Tensor, v: torch.Tensor, cache_layer: torch.Tensor, slot_mapping: torch.Tensor, block_size: int
 ) -> None:
-    """k, v: (N, nh, hd) written to their slots in place (keys transposed within a block)."""
+    """k, v: (N, nkv, hd) written to their slots in place (keys transposed within a block)."""
     nb, _, nh, _ = cache_layer.shape
     hd = k.shape[-1]
     keys = cache_layer[:, 0].view(nb, nh, hd, block_size)  # (nb, nh, hd, bs)
@@ -70,36 +86,45 @@ def write_cache(
 
 
 def paged_attention(qkv: torch.Tensor, cache_layer: torch.Tensor, step, n_head: int, block_size: int) -> torch.Tensor:
-    """Writes the step's keys/values, then gathers each sequence's blocks into one padded batch and
-    runs SDPA over it. qkv: (N, 3C). Returns (N, C)."""
+    """GPT-2's fused projection: qkv (N, 3C), as many key/value heads as query heads. Returns (N, C)."""
     N, C3 = qkv.shape
-    C = C3 // 3
-    hd = C // n_head
+    hd = C3 // 3 // n_head
     q, k, v = qkv.view(N, 3, n_head, hd).unbind(1)  # each (N, nh, hd)
+    return grouped_paged_attention(q, k, v, cache_layer, step, block_size)  # (N, C)
+
+
+def grouped_paged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_layer: torch.Tensor, step, block_size: int
+) -> torch.Tensor:
+    """Writes the step's keys/values, then gathers each sequence's blocks into one padded batch and
+    runs SDPA over it. q: (N, nh, hd); k, v: (N, nkv, hd), nkv dividing nh (query head h reads key/value
+    head h // (nh / nkv)); cache_layer: (num_blocks, 2, nkv, bs * hd). Returns (N, nh * hd)."""
+    N, n_head, hd = q.shape
+    n_kv = k.shape[1]
     write_cache(k, v, cache_layer, step.slot_mapping, block_size)
     S, Q = step.num_seqs, step.max_query_len
     n_blocks = -(-step.max_seq_len // block_size)
     K = n_blocks * block_size
     nb = cache_layer.shape[0]
     tables = step.block_tables[step.seq_rows.long(), :n_blocks].long()  # (S, n_blocks)
-    keys = cache_layer[:, 0].view(nb, n_head, hd, block_size)[tables]  # (S, n_blocks, nh, hd, bs)
-    keys = keys.permute(0, 2, 1, 4, 3).reshape(S, n_head, K, hd)  # (S, nh, K, hd)
-    values = cache_layer[:, 1].view(nb, n_head, block_size, hd)[tables]  # (S, n_blocks, nh, bs, hd)
-    values = values.permute(0, 2, 1, 3, 4).reshape(S, n_head, K, hd)  # (S, nh, K, hd)
+    keys = cache_layer[:, 0].view(nb, n_kv, hd, block_size)[tables]  # (S, n_blocks, nkv, hd, bs)
+    keys = keys.permute(0, 2, 1, 4, 3).reshape(S, n_kv, K, hd)  # (S, nkv, K, hd)
+    values = cache_layer[:, 1].view(nb, n_kv, block_size, hd)[tables]  # (S, n_blocks, nkv, bs, hd)
+    values = values.permute(0, 2, 1, 3, 4).reshape(S, n_kv, K, hd)  # (S, nkv, K, hd)
     # token t of sequence s goes to padded row s * Q + (t - query_start[s])
     starts = step.query_start.long()  # (S + 1,)
-    seq_of = torch.repeat_interleave(torch.arange(S, device=qkv.device), starts[1:] - starts[:-1])  # (N,)
-    within = torch.arange(N, device=qkv.device) - starts[seq_of]  # (N,)
+    seq_of = torch.repeat_interleave(torch.arange(S, device=q.device), starts[1:] - starts[:-1])  # (N,)
+    within = torch.arange(N, device=q.device) - starts[seq_of]  # (N,)
     padded_row = seq_of * Q + within  # (N,)
-    queries = torch.zeros(S * Q, n_head, hd, dtype=qkv.dtype, device=qkv.device)
+    queries = torch.zeros(S * Q, n_head, hd, dtype=q.dtype, device=q.device)
     queries[padded_row] = q
     queries = queries.view(S, Q, n_head, hd).transpose(1, 2)  # (S, nh, Q, hd)
     visible = padded_visibility(starts, step.seq_lens.long(), Q, K)  # (S, Q, K)
-    mask = torch.zeros(visible.shape, dtype=qkv.dtype, device=qkv.device).masked_fill_(~visible, float("-inf"))
+    mask = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill_(~visible, float("-inf"))
     out = F.scaled_dot_product_attention(
-        queries, keys.to(qkv.dtype), values.to(qkv.dtype), attn_mask=mask[:, None]
+        queries, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask[:, None], enable_gqa=n_kv != n_head
     )  # (S, nh, Q, hd)
-    return out.transpose(1, 2).reshape(S * Q, C)[padded_row]  # (N, C)
+    return out.transpose(1, 2).reshape(S * Q, n_head * hd)[padded_row]  # (N, nh * hd)
 
 
 def padded_visibility(query_start: torch.Tensor, seq_lens: torch.Tensor, Q: int, K: int) -> torch.Tensor:

@@ -5,8 +5,13 @@ Module names are the checkpoints' own (`model.layers.0.self_attn.q_proj.weight`,
 `lm_head.weight`), so weights load name for name. Every difference between the families is a field of
 ModelConfig (biases, QK-norm, head_dim, RoPE, tied head), never a branch on the family.
 
-`forward(input_ids)` runs a (B, T) batch with plain causal attention and no cache: the reference that the
-serving path will be compared against, and what the parity tests compare with transformers.
+Two forwards over the same parameters, as model/gpt.py has:
+- `forward(input_ids)`: a (B, T) batch with plain causal attention and no cache: the reference that the
+  inference path is compared against, and what the parity tests compare with transformers.
+- `prepare_for_inference(kernels_name, quantization)`, then `forward_step(step, cache)` and
+  `compute_logits(hidden)`: inference over the paged KV cache, one flattened batch of N tokens from any
+  mix of sequences, through the kernel backend chosen once (model/kernels: the exact C++ step, or
+  torch's ops through the `forward_step` methods below). The interface GPT has, with the same names.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from model import kernels
+from model.kernels import DecoderStockBackend, KernelBackend
+from model.kv_cache import PagedKVCache, StepBatch
 from model.layers import Attention, GatedMLP, RMSNorm, RotaryEmbedding
 from model.models.config import ModelConfig
 
@@ -40,6 +48,16 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)  # (B, T, C)
         return x + self.mlp(self.post_attention_layernorm(x))  # (B, T, C)
 
+    def forward_step(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step: StepBatch, layer: torch.Tensor, bs: int
+    ) -> torch.Tensor:
+        """x: (N, C) the step's tokens, cos/sin: (N, hd) at their positions, layer: this layer's cache
+        (num_blocks, 2, nkv, bs * hd), written with the step's rotated keys and its values. Returns (N, C)."""
+        q, k, v = self.self_attn.project(self.input_layernorm(x), cos, sin)  # (N, nh, hd), (N, nkv, hd) x2
+        y = kernels.stock.grouped_paged_attention(q, k, v, layer, step, bs)  # (N, nh * hd)
+        x = x + self.self_attn.o_proj(y)  # (N, C)
+        return x + self.mlp(self.post_attention_layernorm(x))  # (N, C)
+
 
 class DecoderModel(nn.Module):
     """The checkpoint's `model.` prefix: embeddings, layers, final norm (and the computed RoPE tables)."""
@@ -61,6 +79,15 @@ class DecoderModel(nn.Module):
             x = layer(x, cos, sin)  # (B, T, C)
         return self.norm(x)  # (B, T, C)
 
+    def forward_step(self, step: StepBatch, cache: PagedKVCache) -> torch.Tensor:
+        """The stock backend's step (step trimmed to its sizes): the final hidden states (N, C), before the
+        final norm."""
+        x = self.embed_tokens(step.token_ids)  # (N, C)
+        cos, sin = self.rotary_emb(step.positions, x.dtype)  # each (N, hd)
+        for layer, cache_layer in zip(self.layers, cache.layers):
+            x = layer.forward_step(x, cos, sin, step, cache_layer, cache.block_size)  # (N, C)
+        return x
+
 
 class CausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
@@ -71,19 +98,64 @@ class CausalLM(nn.Module):
         self.lm_head = (
             None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
+        self.backend: KernelBackend = DecoderStockBackend(self)  # the inference path's kernels (prepare_for_inference)
 
     @property
     def output_weight(self) -> torch.Tensor:
         """The head's (vocab, C) matrix: the embedding matrix when tied."""
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: (..., C) -> (..., vocab)."""
-        return F.linear(hidden, self.output_weight)  # (..., V)
-
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids: (B, T) -> logits (B, T, vocab)."""
-        return self.compute_logits(self.model(input_ids, positions))  # (B, T, V)
+        return F.linear(self.model(input_ids, positions), self.output_weight)  # (B, T, V)
+
+    # ---- inference: the interface model/gpt.py's GPT has ------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def kernels(self) -> str:
+        """The name of the backend the inference path runs: 'exact' or 'stock'."""
+        return self.backend.name
+
+    @property
+    def kernel_isa(self) -> str | None:
+        """The instruction-set path its products run on ('avx2', 'avx512', 'avx512-vnni', ...), None on
+        torch's kernels."""
+        return self.backend.kernel_isa
+
+    @property
+    def quantization(self) -> str | None:
+        """How the inference path's product weights are stored: None (the model's dtype) or 'int8'."""
+        return getattr(self.backend, "quantization", None)
+
+    def prepare_for_inference(self, kernels_name: str = "auto", quantization: str | None = None) -> CausalLM:
+        """Eval mode, and the inference path's kernel backend, chosen once: 'auto' (exact where they run:
+        model.kernels.kernels_for), 'exact' or 'stock'; quantization='int8' for int8 weights (made here from
+        the float32 ones). The exact kernels read weights packed once here; call again after changing the
+        weights, the dtype or the device."""
+        self.eval()
+        self.backend = kernels.choose_backend(self, kernels_name, quantization)
+        return self
+
+    @torch.inference_mode()
+    def forward_step(self, step: StepBatch, cache: PagedKVCache) -> torch.Tensor:
+        """The flattened step: writes every token's rotated keys and its values to its slot and returns the
+        final hidden states (N, C), before the final norm; `compute_logits` turns the rows that sample into
+        logits."""
+        return self.backend.forward_step(step, cache)  # (N, C)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (R, C) rows of forward_step's output. Returns float32 logits (R, V): the final norm, then
+        the head."""
+        return self.backend.compute_logits(hidden)  # (R, V)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -91,3 +91,21 @@ def save(model, directory: Path, **kwargs) -> Path:
     logging.disable_progress_bar()
     model.save_pretrained(directory, **kwargs)
     return directory
+
+
+def random_decoder(name: str, seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """The case's network as our own CausalLM (no transformers needed), with the same wide random weights'
+    distribution as hf_model, in `dtype` on `device`, not yet prepared for inference."""
+    from model.models import CausalLM, config_from_hf
+
+    class_name, keys = CASES[name]
+    config = config_from_hf({"architectures": [class_name], **TINY, **keys})
+    torch.manual_seed(seed)
+    model = CausalLM(config)
+    with torch.no_grad():
+        for param_name, p in model.named_parameters():
+            if "norm" in param_name:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0, 0.2)
+    return model.to(device=device, dtype=dtype).eval()
