@@ -1,6 +1,9 @@
-"""Checkpoint directories: config.json + model.safetensors + tokenizer.json (+ README.md model card).
+"""Checkpoint directories: config.json + model.safetensors (or its shards) + tokenizer.json (+ the optional
+tokenizer_config.json, generation_config.json, README.md model card).
 
-The same layout `transformers`' `save_pretrained` writes for GPT-2, so directories load both ways.
+The same layout `transformers`' `save_pretrained` writes, so directories load both ways. config.json's
+`architectures` picks the network (model.models.registry.architecture_of): GPT2LMHeadModel runs on
+model/gpt.py, the Llama, Qwen2 and Qwen3 families on model/models.
 """
 
 from __future__ import annotations
@@ -12,20 +15,22 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from model.config import ConfigError, GPTConfig
+from model import models
+from model.config import GPT2_ARCHITECTURE, CheckpointError, ConfigError, GPTConfig  # CheckpointError: raised here
+from model.description import InferenceModel, ModelDescription
 from model.gpt import GPT
-from model.tokenizer import Tokenizer, TokenizerError, read_tokenizer_file
+from model.models.loader import weight_files
+from model.models.registry import architecture_of
+from model.tokenizer import Tokenizer, TokenizerError, prompt_special_tokens, read_tokenizer_file
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "shakespeare-small"
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.safetensors", "tokenizer.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # optional: its chat_template serves /v1/chat/completions
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # optional: the chat template, BOS and the special tokens' texts
 GENERATION_CONFIG_FILE = "generation_config.json"  # optional: its eos_token_id adds to config.json's
+SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"  # optional: bos_token and eos_token, as older checkpoints keep them
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # optional: the chat template, as transformers now saves it
 # Keys some GPT-2 exports carry that hold no parameters of ours: causal-mask buffers and the tied head.
 _IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias", "lm_head.weight")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint directory that is missing a file or does not fit its config."""
 
 
 def save_checkpoint(model: GPT, tokenizer: Tokenizer | None, directory: str | Path, card: str | None = None) -> Path:
@@ -75,17 +80,29 @@ def load_state_dict(directory: Path, config: GPTConfig) -> dict[str, torch.Tenso
     return state
 
 
-def _load_config(directory: Path) -> GPTConfig:
-    """The checkpoint's config.json, or CheckpointError with one line (no directory, no file, a bad config)."""
+def load_config(directory: str | Path) -> ModelDescription:
+    """The checkpoint's config.json as its architecture's config (GPTConfig, or the families' ModelConfig), or
+    CheckpointError with one line naming the file (no directory, no file, an architecture not run here, a bad
+    config). A config.json naming neither `architectures` nor `model_type` is GPT-2's."""
+    directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory {directory} does not exist")
+    path = _require(directory, CONFIG_FILE)
+    hf = _read_json_object(path)
     try:
-        return GPTConfig.load(_require(directory, CONFIG_FILE))
-    except ConfigError as e:  # its message names the file
-        raise CheckpointError(str(e)) from e
+        if hf.get("architectures") or "model_type" in hf:
+            architecture = architecture_of(hf)
+        else:
+            architecture = GPT2_ARCHITECTURE
+        if architecture == GPT2_ARCHITECTURE:
+            return GPTConfig.load(path)  # its messages name the file
+        return models.config_from_hf(hf)
+    except ConfigError as e:
+        message = str(e)
+        raise CheckpointError(message if message.startswith(str(path)) else f"{path}: {message}") from e
 
 
-def eos_token_ids(directory: Path, config: GPTConfig | None, vocab_size: int) -> tuple[int, ...]:
+def eos_token_ids(directory: Path, config: ModelDescription | None, vocab_size: int) -> tuple[int, ...]:
     """The ids that end a sequence: config.json's eos_token_id, then those generation_config.json adds when
     one sits beside it (each may name one id or a list: Llama 3's name several). () where neither names
     any: the tokenizer then ends sequences at its `<|endoftext|>`, as GPT-2's checkpoints expect."""
@@ -102,21 +119,29 @@ def eos_token_ids(directory: Path, config: GPTConfig | None, vocab_size: int) ->
     return tuple(ids)
 
 
-def inspect_checkpoint(directory: str | Path) -> GPTConfig:
+def inspect_checkpoint(directory: str | Path) -> ModelDescription:
     """What loading would find wrong with the files, found in milliseconds without reading the weights: each
-    file is there, config.json is a config this project runs, model.safetensors' header is whole and covers
+    file is there, config.json is a config this project runs, each weights file's header is whole and covers
     the file (a truncated copy fails here), the tokenizer and its optional files load. Returns the config;
     raises CheckpointError with one line naming the file."""
     directory = Path(directory)
-    config = _load_config(directory)
-    weights = _require(directory, WEIGHTS_FILE)
-    try:
-        with safe_open(str(weights), framework="pt"):
-            pass
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{weights} cannot be read: {e}") from e
+    config = load_config(directory)
+    for weights in weights_files(directory, config):
+        try:
+            with safe_open(str(weights), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{weights} cannot be read: {e}") from e
     load_tokenizer(directory)
     return config
+
+
+def weights_files(directory: str | Path, config: ModelDescription) -> list[Path]:
+    """The files holding the weights: GPT-2's model.safetensors, or the families' one file or shards."""
+    directory = Path(directory)
+    if isinstance(config, GPTConfig):
+        return [_require(directory, WEIGHTS_FILE)]
+    return weight_files(directory)
 
 
 def load_model(
@@ -126,11 +151,19 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     kernels: str = "auto",
     quantization: str | None = None,
-) -> GPT:
-    """The checkpoint's model on `device`, ready for inference with `kernels` and `quantization`
-    (see GPT.prepare_for_inference)."""
+) -> InferenceModel:
+    """The checkpoint's model on `device`, ready for inference with `kernels` and `quantization` (see
+    GPT.prepare_for_inference): model.gpt.GPT for GPT-2, model.models.CausalLM for the other families."""
     directory = Path(directory or DEFAULT_CHECKPOINT)
-    config = _load_config(directory)
+    config = load_config(directory)
+    if not isinstance(config, GPTConfig):
+        model = models.load_model(directory, device=device, dtype=dtype)
+        return model.prepare_for_inference(kernels, quantization)
+    return load_gpt(directory, config).to(device=device, dtype=dtype).prepare_for_inference(kernels, quantization)
+
+
+def load_gpt(directory: Path, config: GPTConfig) -> GPT:
+    """GPT-2's weights into model/gpt.py's network, float32 on the CPU; CheckpointError naming what does not fit."""
     model = GPT(config)
     state = load_state_dict(directory, config)
     expected = model.state_dict()
@@ -150,25 +183,71 @@ def load_model(
             # a NaN or inf weight makes every answer NaN: refused here rather than served
             raise CheckpointError(f"{directory / WEIGHTS_FILE}: tensor {key} holds NaN or infinite values")
     model.load_state_dict(state)
-    return model.to(device=device, dtype=dtype).prepare_for_inference(kernels, quantization)
+    return model
 
 
 def load_tokenizer(directory: str | Path | None = None) -> Tokenizer:
-    """The checkpoint's tokenizer: its EOS ids from config.json and generation_config.json (`eos_token_ids`;
-    a directory without config.json: `<|endoftext|>`), and the chat template of its tokenizer_config.json
-    when it has one (as `transformers` keeps it: a string, or a list of named templates whose 'default' is
-    used). CheckpointError with one line naming the file that cannot be read."""
+    """The checkpoint's tokenizer, read as transformers reads it:
+    - the ids that end a sequence from config.json and generation_config.json (`eos_token_ids`; where neither
+      names one, the id of tokenizer_config.json's eos_token, else `<|endoftext|>`);
+    - a prompt's BOS as tokenizer_config.json's add_bos_token says, else as tokenizer.json's post-processor adds
+      it (`prompt_special_tokens`), never twice;
+    - the chat template of chat_template.jinja, else of tokenizer_config.json (a string, or a list of named
+      templates whose 'default' is used), with the bos_token and eos_token texts it writes (tokenizer_config.json's,
+      else special_tokens_map.json's).
+    CheckpointError with one line naming the file that cannot be read."""
     directory = Path(directory or DEFAULT_CHECKPOINT)
     try:
         hf = read_tokenizer_file(_require(directory, TOKENIZER_FILE))
     except TokenizerError as e:
         raise CheckpointError(str(e)) from e
-    config = _load_config(directory) if (directory / CONFIG_FILE).is_file() else None
-    ids = eos_token_ids(directory, config, config.vocab_size if config else hf.get_vocab_size(with_added_tokens=True))
-    template = None
-    config_path = directory / TOKENIZER_CONFIG_FILE
-    if config_path.is_file():
-        template = _read_json_object(config_path).get("chat_template")
-        if isinstance(template, list):
-            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
-    return Tokenizer(hf, template if isinstance(template, str) else None, ids)
+    config = load_config(directory) if (directory / CONFIG_FILE).is_file() else None
+    settings = {}
+    for name in (SPECIAL_TOKENS_MAP_FILE, TOKENIZER_CONFIG_FILE):  # the second's keys win, as in transformers
+        if (directory / name).is_file():
+            settings.update(_read_json_object(directory / name))
+    path = directory / TOKENIZER_CONFIG_FILE
+    bos, eos = _token_text(settings.get("bos_token")), _token_text(settings.get("eos_token"))
+    try:
+        add_bos, add_eos = _flag(settings, "add_bos_token", path), _flag(settings, "add_eos_token", path)
+        prompt_special_tokens(hf, add_bos, add_eos, bos, eos)
+    except TokenizerError as e:
+        raise CheckpointError(f"{path}: {e}") from e
+    vocab = hf.get_vocab_size(with_added_tokens=True)
+    ids = eos_token_ids(directory, config, max(vocab, config.vocab_size) if config else vocab)
+    return Tokenizer(
+        hf,
+        _chat_template(directory, settings),
+        ids,
+        bos_token=bos,
+        eos_token=eos,
+        model_vocab_size=config.vocab_size if config else None,
+    )
+
+
+def _token_text(value: object) -> str | None:
+    """A special token as tokenizer_config.json writes it: its text, or an AddedToken's {"content": text}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _flag(settings: dict, key: str, path: Path) -> bool | None:
+    value = settings.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise CheckpointError(f"{path}: {key} must be true or false, got {value!r}")
+    return value
+
+
+def _chat_template(directory: Path, settings: dict) -> str | None:
+    path = directory / CHAT_TEMPLATE_FILE
+    if path.is_file():
+        try:
+            return path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{path} cannot be read: {e}") from e
+    template = settings.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None

@@ -1,5 +1,6 @@
-"""Model configuration: a dataclass that reads and writes Hugging Face GPT-2's `config.json` keys, and the
-check that a prompt fits the model (its context and vocabulary)."""
+"""Model configuration: a dataclass that reads and writes Hugging Face GPT-2's `config.json` keys (and provides
+model.description.ModelDescription), the check that a prompt fits the model (its context and vocabulary), and
+the errors of a config and a checkpoint."""
 
 from __future__ import annotations
 
@@ -9,13 +10,17 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-SUPPORTED_ARCHITECTURES = ("GPT2LMHeadModel",)
+GPT2_ARCHITECTURE = "GPT2LMHeadModel"
 SHAPE_KEYS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # required: they shape every tensor
 SUPPORTED_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")
 
 
 class ConfigError(ValueError):
     """A config.json that this project cannot run."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory that is missing a file or does not fit its config."""
 
 
 class PromptError(ValueError):
@@ -59,6 +64,7 @@ class GPTConfig:
     dropout: float = 0.0  # used only in training
     eos_token_id: int | tuple[int, ...] | None = 0  # one id or several (Llama 3 names three); None: not named
     bos_token_id: int = 0
+    max_model_len: int | None = None  # the context served, when shorter than n_positions (with_context_length)
 
     def __post_init__(self) -> None:
         """Every value the model divides by, indexes with or sizes a tensor from, checked here, so that a bad
@@ -78,10 +84,42 @@ class GPTConfig:
                 f"eos_token_id must be a token id in [0, {self.vocab_size}) or a list of them, "
                 f"got {self.eos_token_id!r}"
             )
+        if self.max_model_len is not None and not (_is_int(self.max_model_len) and 0 < self.max_model_len):
+            raise ConfigError(f"max_model_len must be a positive integer, got {self.max_model_len!r}")
+        if self.max_model_len is not None and self.max_model_len > self.n_positions:
+            raise ConfigError(
+                f"max_model_len ({self.max_model_len}) is longer than the model's context "
+                f"(n_positions {self.n_positions}, its learned positions)"
+            )
+
+    # ---- model.description.ModelDescription ---------------------------------------------------------
+
+    @property
+    def architecture(self) -> str:
+        return GPT2_ARCHITECTURE
+
+    @property
+    def context_length(self) -> int:
+        return self.n_positions if self.max_model_len is None else self.max_model_len
+
+    @property
+    def num_layers(self) -> int:
+        return self.n_layer
+
+    @property
+    def num_heads(self) -> int:
+        return self.n_head
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.n_head  # multi-head attention: a key and a value per query head
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    def with_context_length(self, context_length: int) -> GPTConfig:
+        return self.replace(max_model_len=context_length)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -173,15 +211,13 @@ class GPTConfig:
 
 
 def check_architecture(d: dict) -> None:
-    """ConfigError naming the architecture a config.json describes, unless this project runs it."""
-    archs = d.get("architectures") or ["GPT2LMHeadModel"]
+    """ConfigError naming the architecture a config.json describes, unless it is GPT-2 (the other families'
+    configs are read by model.models; model.checkpoint picks the reader by architecture)."""
+    archs = d.get("architectures") or [GPT2_ARCHITECTURE]
     model_type = d.get("model_type", "gpt2")
-    if model_type != "gpt2" or not set(archs) & set(SUPPORTED_ARCHITECTURES):
+    if model_type != "gpt2" or GPT2_ARCHITECTURE not in archs:
         found = ", ".join(map(str, archs)) if isinstance(archs, list) else repr(archs)
-        raise ConfigError(
-            f"unsupported architecture {found} (model_type {model_type}); "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)} (model_type gpt2)"
-        )
+        raise ConfigError(f"architecture {found} (model_type {model_type}) is not GPT-2 ({GPT2_ARCHITECTURE})")
 
 
 def _is_int(value: object) -> bool:

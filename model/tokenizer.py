@@ -1,4 +1,8 @@
-"""Byte-level BPE tokenizer (the `tokenizers` library) and incremental detokenization for streaming."""
+"""Byte-level BPE tokenizer (the `tokenizers` library) and incremental detokenization for streaming.
+
+A prompt's special tokens (a BOS before it) come from the tokenizer's post-processor, set as transformers
+sets it (`prompt_special_tokens`); the chat template and the BOS/EOS texts from tokenizer_config.json
+(model.checkpoint.load_tokenizer reads them)."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 EOS_TOKEN = "<|endoftext|>"
 
@@ -37,17 +41,28 @@ class Tokenizer:
     """Wraps a `tokenizers.Tokenizer`; knows each token's exact bytes so streaming is lossless."""
 
     def __init__(
-        self, hf: HFTokenizer, chat_template: str | None = None, eos_token_ids: Sequence[int] | None = None
+        self,
+        hf: HFTokenizer,
+        chat_template: str | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+        *,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        model_vocab_size: int | None = None,
     ) -> None:
         """`eos_token_ids`: the ids that end a sequence, as the checkpoint names them (checkpoint.load_tokenizer);
-        none given, the id of `<|endoftext|>` if the vocabulary has it."""
+        none given, the id of `eos_token`, else of `<|endoftext|>`, if the vocabulary has it. `bos_token`,
+        `eos_token`: the texts tokenizer_config.json names (a chat template writes them). `model_vocab_size`:
+        the model's logits, when more than the tokenizer's ids (Qwen's): the ids past the tokenizer's decode to
+        nothing."""
         self.hf = hf
         self.chat_template = chat_template  # a Jinja template for chat messages (tokenizer_config.json), if any
-        self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
+        self.vocab_size = max(hf.get_vocab_size(with_added_tokens=True), model_vocab_size or 0)
         if not eos_token_ids:
-            default = hf.token_to_id(EOS_TOKEN)
+            default = hf.token_to_id(eos_token or EOS_TOKEN)
             eos_token_ids = () if default is None else (default,)
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids)  # any of them ends a sequence
+        self.bos_token, self._eos_token = bos_token, eos_token
         self.special_ids = frozenset(i for i, t in hf.get_added_tokens_decoder().items() if t.special)
         self._token_bytes = [self._bytes_of(i) for i in range(self.vocab_size)]
 
@@ -55,6 +70,18 @@ class Tokenizer:
     def eos_token_id(self) -> int | None:
         """The first EOS id: the one written where one is needed (a chat template's eos_token, training text)."""
         return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    @property
+    def eos_token(self) -> str | None:
+        """The EOS text a chat template writes: tokenizer_config.json's, else the first EOS id's."""
+        if self._eos_token is not None:
+            return self._eos_token
+        return None if self.eos_token_id is None else self.decode([self.eos_token_id])
+
+    @property
+    def bos_token_id(self) -> int | None:
+        """The id of tokenizer_config.json's bos_token (None where it names none)."""
+        return None if self.bos_token is None else self.hf.token_to_id(self.bos_token)
 
     def _bytes_of(self, token_id: int) -> bytes:
         piece = self.hf.id_to_token(token_id)
@@ -74,8 +101,11 @@ class Tokenizer:
     def save(self, path: str | Path) -> None:
         self.hf.save(str(path))
 
-    def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """The text's ids; with `add_special_tokens`, those the tokenizer puts around a prompt (a BOS before it
+        where the checkpoint's tokenizer adds one: `prompt_special_tokens`). A chat template writes its own,
+        so text rendered from one is encoded without."""
+        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
 
     def token_bytes(self, token_id: int) -> bytes:
         self.check_ids([token_id])
@@ -94,6 +124,39 @@ class Tokenizer:
 
     def stream(self, skip_special: bool = False) -> StreamDecoder:
         return StreamDecoder(self, skip_special)
+
+
+def prompt_special_tokens(
+    hf: HFTokenizer,
+    add_bos_token: bool | None,
+    add_eos_token: bool | None,
+    bos_token: str | None,
+    eos_token: str | None,
+) -> None:
+    """Sets the special tokens `hf.encode(..., add_special_tokens=True)` puts around a text, as transformers'
+    tokenizers do: where tokenizer_config.json names add_bos_token or add_eos_token (or tokenizer.json has
+    no post-processor), exactly those (a BOS needs a bos_token); otherwise tokenizer.json's own post-processor
+    decides (Llama 3's adds <|begin_of_text|>). A BOS is so never added twice. TokenizerError for a
+    bos_token or eos_token to add that is not in the vocabulary."""
+    if add_bos_token is None and add_eos_token is None and hf.post_processor is not None:
+        return
+    added = []
+    for name, wanted, token in (("bos_token", add_bos_token, bos_token), ("eos_token", add_eos_token, eos_token)):
+        if not wanted or token is None:
+            added.append(None)
+            continue
+        token_id = hf.token_to_id(token)
+        if token_id is None:
+            raise TokenizerError(f"add_{name} is set, but its {name} {token!r} is not in the vocabulary")
+        added.append((token, token_id))
+    bos, eos = added
+    if bos is None and eos is None and hf.post_processor is None:
+        return  # nothing to add, as without a post-processor
+    single = " ".join([*([f"{bos[0]}:0"] if bos else []), "$A:0", *([f"{eos[0]}:0"] if eos else [])])
+    pair = " ".join([single, *([f"{bos[0]}:1"] if bos else []), "$B:1", *([f"{eos[0]}:1"] if eos else [])])
+    hf.post_processor = processors.TemplateProcessing(
+        single=single, pair=pair, special_tokens=list(dict.fromkeys(t for t in (bos, eos) if t is not None))
+    )
 
 
 def read_tokenizer_file(path: str | Path) -> HFTokenizer:

@@ -60,6 +60,7 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]  # config.json's eos_token_id, an int or a list
     torch_dtype: str | None  # the dtype config.json says the weights were saved in; information only
+    max_model_len: int | None = None  # the context served, when shorter than max_position_embeddings
 
     def __post_init__(self) -> None:
         sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -73,6 +74,32 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.max_model_len is not None and not 0 < self.max_model_len <= self.max_position_embeddings:
+            raise ConfigError(
+                f"max_model_len ({self.max_model_len}) must be positive and at most the model's context "
+                f"(max_position_embeddings {self.max_position_embeddings})"
+            )
+
+    # ---- model.description.ModelDescription ---------------------------------------------------------
+
+    @property
+    def context_length(self) -> int:
+        return self.max_position_embeddings if self.max_model_len is None else self.max_model_len
+
+    @property
+    def num_layers(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.num_attention_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.num_key_value_heads
+
+    def with_context_length(self, context_length: int) -> ModelConfig:
+        return self.replace(max_model_len=context_length)
 
     @property
     def kv_groups(self) -> int:

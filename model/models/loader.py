@@ -11,8 +11,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from model.checkpoint import CheckpointError
-from model.config import ConfigError
+from model.config import CheckpointError, ConfigError
 from model.models.config import Family, ModelConfig
 from model.models.decoder import CausalLM
 from model.models.registry import config_from_hf, family_for

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from model.config import ConfigError
+from model.config import GPT2_ARCHITECTURE, ConfigError
 from model.models import llama, qwen2, qwen3
 from model.models.config import Family, ModelConfig
 
-GPT2_ARCHITECTURE = "GPT2LMHeadModel"  # run by model.gpt (model.checkpoint.load_model), not by the families here
+# GPT2LMHeadModel is run by model.gpt (model.checkpoint.load_model picks it), not by the families here
 FAMILIES: dict[str, Family] = {arch: family for family in (llama, qwen2, qwen3) for arch in family.ARCHITECTURES}
 SUPPORTED_ARCHITECTURES = (GPT2_ARCHITECTURE, *FAMILIES)
 _MODEL_TYPES = {"gpt2": GPT2_ARCHITECTURE} | {family.MODEL_TYPE: arch for arch, family in FAMILIES.items()}
@@ -27,8 +27,9 @@ def architecture_of(hf: dict[str, Any]) -> str:
     if not archs and model_type in _MODEL_TYPES:
         known = [_MODEL_TYPES[model_type]]
     if not known:
+        found = ", ".join(map(str, archs)) or "(none listed)"
         raise ConfigError(
-            f"unknown architecture: architectures={archs}, model_type={model_type!r}; "
+            f"unsupported architecture {found} (model_type {model_type}); "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     arch = known[0]

@@ -93,32 +93,45 @@ def test_shape_mismatch_names_the_tensor(broken_copy):
         load_model(broken_copy)
 
 
-LLAMA_CONFIG = {  # the keys of a Llama checkpoint's config.json that matter here: none of GPT-2's
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
+MIXTRAL_CONFIG = {  # the keys of a Mixtral checkpoint's config.json that matter here: none of GPT-2's
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
     "hidden_size": 64,
     "num_attention_heads": 4,
     "num_hidden_layers": 2,
     "max_position_embeddings": 128,
     "vocab_size": 400,
+    "num_local_experts": 8,
 }
-UNSUPPORTED_LLAMA = "unsupported architecture LlamaForCausalLM (model_type llama); supported: GPT2LMHeadModel"
+UNSUPPORTED_MIXTRAL = (
+    "unsupported architecture MixtralForCausalLM (model_type mixtral); "
+    "supported: GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
+)
 
 
-def test_unknown_architecture_is_refused(broken_copy):
+def test_unknown_architecture_is_refused_listing_the_supported_ones(broken_copy):
     config = json.loads((broken_copy / "config.json").read_text())
-    config["model_type"], config["architectures"] = "llama", ["LlamaForCausalLM"]
+    config["model_type"], config["architectures"] = "mixtral", ["MixtralForCausalLM"]
     (broken_copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=re.escape(UNSUPPORTED_LLAMA)):
+    with pytest.raises(CheckpointError, match=re.escape(UNSUPPORTED_MIXTRAL)):
         load_model(broken_copy)
 
 
 def test_another_familys_config_names_its_architecture_not_the_gpt2_keys_it_lacks(broken_copy):
-    """A Llama config.json lacks n_positions and the other GPT-2 keys: what is wrong is the architecture."""
-    (broken_copy / "config.json").write_text(json.dumps(LLAMA_CONFIG))
-    with pytest.raises(CheckpointError, match=re.escape(UNSUPPORTED_LLAMA)) as raised:
+    """A Mixtral config.json lacks n_positions and the other GPT-2 keys: what is wrong is the architecture."""
+    (broken_copy / "config.json").write_text(json.dumps(MIXTRAL_CONFIG))
+    with pytest.raises(CheckpointError, match=re.escape(UNSUPPORTED_MIXTRAL)) as raised:
         inspect_checkpoint(broken_copy)
     assert "config.json" in str(raised.value) and "lacks required keys" not in str(raised.value)
+
+
+def test_a_family_config_lacking_a_key_is_named_with_the_key(broken_copy):
+    """A Llama config.json is read by the families' reader: what it lacks is named, not GPT-2's keys."""
+    llama = {k: v for k, v in MIXTRAL_CONFIG.items() if k != "num_local_experts"}
+    llama.update(architectures=["LlamaForCausalLM"], model_type="llama")
+    (broken_copy / "config.json").write_text(json.dumps(llama))
+    with pytest.raises(CheckpointError, match=re.escape("config.json: config.json lacks intermediate_size")):
+        inspect_checkpoint(broken_copy)
 
 
 @pytest.mark.parametrize(

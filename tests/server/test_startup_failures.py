@@ -188,11 +188,15 @@ def test_an_unreadable_tokenizer_exits_1_naming_the_file(tiny_checkpoint, tmp_pa
 
 def test_an_unsupported_architecture_exits_1_naming_it(tiny_checkpoint, tmp_path):
     directory = copy_of(tiny_checkpoint, tmp_path)
-    llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "vocab_size": 400}
-    (directory / "config.json").write_text(json.dumps(llama))
+    mixtral = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 64, "vocab_size": 400}
+    (directory / "config.json").write_text(json.dumps(mixtral))
     result = run_server(directory)
     assert result.returncode == 1, result.stderr
-    one_error_line(result, "unsupported architecture LlamaForCausalLM (model_type llama); supported: GPT2LMHeadModel")
+    one_error_line(
+        result,
+        "unsupported architecture MixtralForCausalLM (model_type mixtral); "
+        "supported: GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
+    )
 
 
 def test_non_finite_weights_exit_1_naming_the_tensor(tiny_checkpoint, tmp_path):
