@@ -126,6 +126,21 @@ def test_two_replicas_answer_what_a_single_server_answers_streamed_and_not(clust
     assert "max_tokens" in b.json()["error"]["message"] and "KV-cache blocks" in b.json()["error"]["message"]
 
 
+def test_text_that_is_not_unicode_is_refused_at_the_ingress_as_one_server_refuses_it(cluster, single):
+    """A lone UTF-16 surrogate in a prompt: the same 422/400 naming the field from both, never a 500."""
+    for path, raw in (
+        ("/tokenize", b'{"prompt": "a\\ud800"}'),
+        ("/generate", b'{"inputs": "a\\ud800"}'),
+        ("/v1/completions", b'{"prompt": ["x", "a\\ud800"]}'),
+    ):
+        a, b = (
+            httpx.post(u + path, content=raw, headers={"content-type": "application/json"}, timeout=60, trust_env=False)
+            for u in (single, cluster["kv"])
+        )
+        assert (b.status_code, b.json()) == (a.status_code, a.json()) and a.status_code in (400, 422), b.text
+        assert "lone UTF-16 surrogate" in b.text, b.text
+
+
 def test_requests_ride_their_replicas_feed_once_open_and_stream_again_after_it_ended_for_idleness(cluster, single):
     """A replica's feed (every event of this ingress's requests there, one item a step) opens at the first
     request there and carries the next ones; it ends once no request has been on it for FEED_IDLE_S, and
