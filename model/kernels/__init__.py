@@ -7,6 +7,10 @@
 - **int8** (`int8.py`): the exact backend with every product's weights quantized to int8 per output
   column at load, activations per token in the kernel; still batch-invariant.
 
+Each comes for GPT-2 (model/gpt.py) and for the Llama-style decoders of model/models (`decoder.py`:
+RMSNorm in the products' prologue, QK-norm and RoPE, grouped-query attention over the cache, SwiGLU in
+the products' epilogue); `choose_backend` picks by the model's config.
+
 The exact kernels run on any x86-64 CPU with AVX2 and FMA, each product on the widest path the CPU
 has (AVX2, AVX-VNNI, AVX-512, AVX512-BF16, AVX512-VNNI, AMX), picked per call; `KVSERVE_ISA` (or
 `set_isa`) caps that level, and `kernel_paths()` says which path each weight type takes (library.py).
@@ -23,6 +27,7 @@ from __future__ import annotations
 from model.config import GPTConfig
 from model.kernels import stock
 from model.kernels.backend import KernelBackend
+from model.kernels.decoder import DecoderExactBackend, DecoderInt8Backend, interleave_gate_up, rope_table
 from model.kernels.exact import (
     GROUP,
     STRIP,
@@ -34,9 +39,10 @@ from model.kernels.exact import (
     greedy,
     linear,
     paged_attention,
+    rope,
 )
 from model.kernels.int8 import QUANTIZATIONS, Int8Backend, int8_unavailable_reason
-from model.kernels.interface import EPILOGUE_GELU, EPILOGUE_NONE, EPILOGUE_RESIDUAL
+from model.kernels.interface import EPILOGUE_GELU, EPILOGUE_NONE, EPILOGUE_RESIDUAL, EPILOGUE_SILU_MUL
 from model.kernels.library import (
     ISA_CHOICES,
     configured_spin_us,
@@ -64,16 +70,16 @@ def choose_backend(model, name: str = "auto", quantization: str | None = None) -
     here."""
     if name not in KERNEL_CHOICES:
         raise ValueError(f"kernels must be 'auto', 'exact' or 'stock', got {name!r}")
-    if not isinstance(model.config, GPTConfig):  # a decoder family (model/models): torch's kernels so far
-        if name == "exact" or quantization is not None:
-            raise RuntimeError("the exact and int8 kernels do not run the decoder families yet")
-        return DecoderStockBackend(model)
+    if isinstance(model.config, GPTConfig):
+        stock_backend, exact_backend, int8_backend = StockBackend, ExactBackend, Int8Backend
+    else:  # a decoder family's CausalLM (model/models)
+        stock_backend, exact_backend, int8_backend = DecoderStockBackend, DecoderExactBackend, DecoderInt8Backend
     if quantization is not None:
         if quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {quantization!r}")
         if name == "stock":
             raise ValueError("int8 weights run on the exact kernels only, not with kernels='stock'")
-        return Int8Backend(model)
+        return int8_backend(model)
     runs_here = kernels_for(model.device, model.dtype)
     if not exact_attention_supported(model.config.head_dim, 8):
         runs_here = "stock"
@@ -84,13 +90,14 @@ def choose_backend(model, name: str = "auto", quantization: str | None = None) -
             f"the exact kernels do not run here ({model.device}, {model.dtype}, head_dim "
             f"{model.config.head_dim}): {why}"
         )
-    return ExactBackend(model) if choice == "exact" else StockBackend(model)
+    return exact_backend(model) if choice == "exact" else stock_backend(model)
 
 
 __all__ = [
     "EPILOGUE_GELU",
     "EPILOGUE_NONE",
     "EPILOGUE_RESIDUAL",
+    "EPILOGUE_SILU_MUL",
     "GROUP",
     "ISA_CHOICES",
     "KERNEL_CHOICES",
@@ -101,6 +108,8 @@ __all__ = [
     "KernelBackend",
     "PackedNorm",
     "PackedWeight",
+    "DecoderExactBackend",
+    "DecoderInt8Backend",
     "DecoderStockBackend",
     "StockBackend",
     "choose_backend",
@@ -110,12 +119,15 @@ __all__ = [
     "exact_attention_supported",
     "greedy",
     "int8_unavailable_reason",
+    "interleave_gate_up",
     "isa",
     "kernel_paths",
     "kernels_for",
     "linear",
     "num_threads",
     "paged_attention",
+    "rope",
+    "rope_table",
     "set_isa",
     "set_num_threads",
     "set_spin_us",

@@ -20,7 +20,10 @@ from model.kernels.interface import (
     DTYPE_BF16_F32,
     DTYPE_F32,
     EPILOGUE_NONE,
+    EPILOGUE_SILU_MUL,
     FEATURE_AVX512BF16,
+    NORM_LAYER,
+    NORM_RMS,
     STRUCTS,
     WEIGHT_BF16,
     WEIGHT_BF16_PAIRS,
@@ -100,14 +103,30 @@ class PackedWeight:
 
 @dataclass
 class PackedNorm:
-    """A LayerNorm's weight and bias in float32, (2, C), for the linear kernel's prologue."""
+    """A norm's parameters in float32 for the linear kernel's prologue: a LayerNorm's weight and bias
+    (2, C), or an RMSNorm's weight (1, C) (model/layers/rms_norm.py)."""
 
-    params: torch.Tensor  # (2, C) float32: weight, bias
+    params: torch.Tensor  # (2, C) float32: weight, bias; or (1, C): weight
     eps: float
+    kind: int = NORM_LAYER  # interface.NORM_LAYER or NORM_RMS
 
     @classmethod
-    def pack(cls, norm: torch.nn.LayerNorm) -> PackedNorm:
-        return cls(torch.stack([norm.weight.detach().float(), norm.bias.detach().float()]).contiguous(), norm.eps)
+    def pack(cls, norm: torch.nn.Module) -> PackedNorm:
+        """A torch.nn.LayerNorm, or an RMSNorm (a weight and an eps, no bias)."""
+        if isinstance(norm, torch.nn.LayerNorm):
+            params = torch.stack([norm.weight.detach().float(), norm.bias.detach().float()])
+            return cls(params.contiguous(), norm.eps)
+        return cls(norm.weight.detach().float().reshape(1, -1).contiguous(), norm.eps, NORM_RMS)
+
+    @property
+    def weight(self) -> int:
+        """The address of the float32 weight."""
+        return self.params.data_ptr()
+
+    @property
+    def bias(self) -> int | None:
+        """The address of the float32 bias (a layer norm's), else None."""
+        return self.params[1].data_ptr() if self.kind == NORM_LAYER else None
 
 
 def linear(
@@ -122,8 +141,9 @@ def linear(
 ) -> torch.Tensor:
     """epilogue(norm(x) @ W + b) through csrc/linear.cpp. x: (N, in) contiguous, in the weights' dtype
     (float32 for int8 weights).
-    norm: a layer norm applied to each row of x first. epilogue: EPILOGUE_NONE, EPILOGUE_GELU (tanh
-    GELU) or EPILOGUE_RESIDUAL (residual + (x @ W + b)). out: where to write (N, out); it may be
+    norm: a layer norm or an RMSNorm applied to each row of x first. epilogue: EPILOGUE_NONE,
+    EPILOGUE_GELU (tanh GELU), EPILOGUE_RESIDUAL (residual + (x @ W + b)) or EPILOGUE_SILU_MUL (SwiGLU
+    over a product packed by pack_gate_up: (N, out / 2)). out: where to write (N, out); it may be
     `residual` itself. Returns (N, out) in x's dtype, or float32 with out_dtype=torch.float32
     (bfloat16 models' logits)."""
     out_dtype = out_dtype or x.dtype
@@ -131,8 +151,8 @@ def linear(
     if code == DTYPE_BF16_F32 and (x.dtype, out_dtype) != (torch.bfloat16, torch.float32):
         raise TypeError(f"linear: activations {x.dtype}, weights {w.weight.dtype}, output {out_dtype}")
     rows = x.shape[0]
-    y = torch.empty((rows, w.n_out), dtype=out_dtype, device=x.device) if out is None else out
-    ln = norm.params.data_ptr() if norm is not None else None
+    cols = w.n_out // 2 if epilogue == EPILOGUE_SILU_MUL else w.n_out
+    y = torch.empty((rows, cols), dtype=out_dtype, device=x.device) if out is None else out
     failed = handle().kv_linear(
         ctypes.byref(w.struct),
         code,
@@ -141,8 +161,9 @@ def linear(
         y.data_ptr(),
         epilogue,
         residual.data_ptr() if residual is not None else None,
-        ln,
-        ln + 4 * w.n_in if ln is not None else None,
+        norm.kind if norm is not None else NORM_LAYER,
+        norm.weight if norm is not None else None,
+        norm.bias if norm is not None else None,
         norm.eps if norm is not None else 0.0,
     )
     if failed:
@@ -150,8 +171,10 @@ def linear(
     return y
 
 
-def embed(token_ids: torch.Tensor, positions: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor) -> torch.Tensor:
-    """wte[token_ids] + wpe[positions]: (N, C), through csrc/embedding.cpp."""
+def embed(
+    token_ids: torch.Tensor, positions: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor | None
+) -> torch.Tensor:
+    """wte[token_ids] + wpe[positions], or wte[token_ids] without wpe: (N, C), through csrc/embedding.cpp."""
     n, C = token_ids.shape[0], wte.shape[1]
     out = torch.empty((n, C), dtype=wte.dtype, device=wte.device)
     handle().kv_embed(
@@ -160,7 +183,7 @@ def embed(token_ids: torch.Tensor, positions: torch.Tensor, wte: torch.Tensor, w
         positions.data_ptr(),
         n,
         wte.data_ptr(),
-        wpe.data_ptr(),
+        wpe.data_ptr() if wpe is not None else None,
         C,
         out.data_ptr(),
     )
@@ -178,18 +201,20 @@ def greedy(logits: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
 
 def paged_attention(qkv: torch.Tensor, cache_layer: torch.Tensor, step, n_head: int, block_size: int) -> torch.Tensor:
     """Writes each token's keys/values to its slot, then attends over its sequence's blocks, through
-    csrc/attention.cpp. qkv: (N, 3C) contiguous; cache_layer: (num_blocks, 2, nh, bs * hd).
-    step: model.kv_cache.StepBatch. The cache holds qkv's dtype, or bfloat16 under float32. Returns (N, C)."""
-    N, C3 = qkv.shape  # N == step.num_tokens
-    C = C3 // 3
-    head_dim = C // n_head
-    out = torch.empty((N, C), dtype=qkv.dtype, device=qkv.device)
+    csrc/attention.cpp. cache_layer: (num_blocks, 2, nkv, bs * hd), whose shape gives the key/value heads
+    and head_dim; qkv: (N, (nh + 2 nkv) * hd) contiguous, the query heads, the key heads, the value heads
+    (GPT-2's (N, 3C)); query head h reads key/value head h // (nh / nkv).
+    step: model.kv_cache.StepBatch. The cache holds qkv's dtype, or bfloat16 under float32. Returns (N, nh * hd)."""
+    N = qkv.shape[0]  # N == step.num_tokens
+    n_kv, head_dim = cache_layer.shape[2], cache_layer.shape[3] // block_size
+    out = torch.empty((N, n_head * head_dim), dtype=qkv.dtype, device=qkv.device)
     failed = handle().kv_paged_attention(
         _DTYPE_CODE[qkv.dtype],
         _DTYPE_CODE[cache_layer.dtype],
         qkv.data_ptr(),
         N,
         n_head,
+        n_kv,
         head_dim,
         cache_layer.data_ptr(),
         block_size,
@@ -206,9 +231,59 @@ def paged_attention(qkv: torch.Tensor, cache_layer: torch.Tensor, step, n_head: 
     if failed:
         raise ValueError(
             f"paged_attention: activations {qkv.dtype} over a {cache_layer.dtype} cache, head_dim "
-            f"{head_dim}, block size {block_size}: not a combination the kernels have"
+            f"{head_dim}, {n_head} query heads over {n_kv} key/value heads, block size {block_size}: not a "
+            f"combination the kernels have"
         )
     return out
+
+
+def rope(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    table: torch.Tensor,
+    n_head: int,
+    n_kv_head: int,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+) -> None:
+    """In place on qkv (N, (nh + 2 nkv) * hd) contiguous: QK-norm (RMSNorm of each query and key head by the
+    float32 weights q_norm, k_norm (hd,), where given), then rotate-half RoPE at each token's position
+    (int64 (N,)) from the float32 table (positions, hd) of rope_table, through csrc/rope.cpp."""
+    hd = table.shape[1]
+    failed = handle().kv_rope(
+        _DTYPE_CODE[qkv.dtype],
+        qkv.data_ptr(),
+        qkv.shape[0],
+        n_head,
+        n_kv_head,
+        hd,
+        positions.data_ptr(),
+        table.data_ptr(),
+        table.shape[0],
+        q_norm.data_ptr() if q_norm is not None else None,
+        k_norm.data_ptr() if k_norm is not None else None,
+        eps,
+    )
+    if failed:
+        raise ValueError(f"rope: a position outside the table's {table.shape[0]}, or an odd head_dim {hd}")
+
+
+def step_arguments(step) -> tuple:
+    """A StepBatch as the whole-step kernels (kv_forward, kv_decoder_forward) read it, from token_ids to
+    seq_rows."""
+    return (
+        step.token_ids.data_ptr(),
+        step.positions.data_ptr(),
+        step.num_tokens,
+        step.slot_mapping.data_ptr(),
+        step.num_seqs,
+        step.query_start.data_ptr(),
+        step.seq_lens.data_ptr(),
+        step.block_tables.data_ptr(),
+        step.block_tables.stride(0),
+        step.seq_rows.data_ptr(),
+    )
 
 
 class ExactBackend(KernelBackend):
@@ -267,7 +342,7 @@ class ExactBackend(KernelBackend):
         return kernel_path(self.head.format)
 
     def _layer_pointers(self, cache):
-        """The cache's layer addresses as the C array kv_forward reads; a cache's layers never move, so
+        """The cache's layer addresses as the C array the whole-step kernel reads; a cache's layers never move, so
         they are gathered once per cache."""
         if self._cache is None or self._cache() is not cache:
             self._pointers = (ctypes.c_void_p * len(cache.layers))(*(layer.data_ptr() for layer in cache.layers))
@@ -276,22 +351,12 @@ class ExactBackend(KernelBackend):
         return self._pointers
 
     def forward_step(self, step, cache) -> torch.Tensor:
-        N = step.num_tokens
-        x = torch.empty((N, self.n_embd), dtype=self.dtype, device=step.token_ids.device)  # (N, C)
+        x = torch.empty((step.num_tokens, self.n_embd), dtype=self.dtype, device=step.token_ids.device)  # (N, C)
         failed = handle().kv_forward(
             ctypes.byref(self.struct),
             self._layer_pointers(cache),
             cache.block_size,
-            step.token_ids.data_ptr(),
-            step.positions.data_ptr(),
-            N,
-            step.slot_mapping.data_ptr(),
-            step.num_seqs,
-            step.query_start.data_ptr(),
-            step.seq_lens.data_ptr(),
-            step.block_tables.data_ptr(),
-            step.block_tables.stride(0),
-            step.seq_rows.data_ptr(),
+            *step_arguments(step),
             x.data_ptr(),
         )
         if failed:  # checked here, not before every step: the kernels refuse what they lack

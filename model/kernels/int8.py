@@ -64,7 +64,8 @@ def dequantize(packed: PackedWeight) -> torch.Tensor:
 
 
 class Int8Backend(ExactBackend):
-    """The exact backend's step with every product (the head included) on int8 weights."""
+    """The exact backend's step with every product (the head included) on int8 weights. With another exact
+    backend after it in the bases (model/kernels/decoder.py's DecoderInt8Backend), that backend's step."""
 
     quantization = "int8"
 

@@ -10,13 +10,24 @@
 #include <cstdint>
 
 // The version of this interface, which the loader checks the library against.
-enum { KV_ABI_VERSION = 7 };
+enum { KV_ABI_VERSION = 8 };
 
 // What a product adds after the bias, per output element.
 enum {
   KV_EPILOGUE_NONE = 0,      // y = x @ W + b
   KV_EPILOGUE_GELU = 1,      // y = gelu_tanh(x @ W + b)
   KV_EPILOGUE_RESIDUAL = 2,  // y = residual + (x @ W + b)
+  KV_EPILOGUE_SILU_MUL = 3,  // SwiGLU: y[o] = silu(gate[o]) * up[o], gate and up from one product (below)
+};
+// KV_EPILOGUE_SILU_MUL reads a product of 2 * O columns whose gate and up columns are interleaved in runs
+// of 8: product columns [16 j, 16 j + 8) are gate columns [8 j, 8 j + 8) and [16 j + 8, 16 j + 16) the up
+// columns of the same outputs (zero past O), so that every 8-lane vector pair of a tile holds both halves
+// of 8 outputs; y has O = w.n_out / 2 columns.
+
+// The norm a product may apply to each of its input rows first (kv_linear's norm_kind).
+enum {
+  KV_NORM_LAYER = 0,  // (x - mean) / sqrt(var + eps) * weight + bias (GPT-2)
+  KV_NORM_RMS = 1,    // x / sqrt(mean(x^2) + eps) * weight, statistics in float32 (Llama, Qwen); no bias
 };
 
 // The element types of the activations, weights and outputs a call reads and writes.
@@ -88,7 +99,7 @@ struct kv_layer {
   kv_weight mlp_proj;
 };
 
-// The whole network for kv_forward.
+// The whole GPT-2 network for kv_forward.
 struct kv_model {
   int64_t dtype;
   int64_t cache_dtype;
@@ -99,6 +110,39 @@ struct kv_model {
   const void* wte;
   const void* wpe;
   const kv_layer* layers;
+};
+
+// One layer of a Llama-style decoder (Llama, Qwen2, Qwen3): each RMSNorm's float32 weight, (C,) or, for
+// the QK-norms, (head_dim,) (null: none); q, k and v as one product whose columns are the query heads,
+// then the key/value heads' keys, then their values; gate and up as one product interleaved for
+// KV_EPILOGUE_SILU_MUL.
+struct kv_decoder_layer {
+  const float* input_norm;
+  kv_weight qkv;
+  const float* q_norm;
+  const float* k_norm;
+  kv_weight o_proj;
+  const float* post_norm;
+  kv_weight gate_up;
+  kv_weight down;
+};
+
+// The whole decoder for kv_decoder_forward. rope: (rope_positions, head_dim) float32, for each position
+// the cosines of its head_dim / 2 angles, then their sines.
+struct kv_decoder {
+  int64_t dtype;
+  int64_t cache_dtype;
+  int64_t n_layer;
+  int64_t hidden;
+  int64_t heads;
+  int64_t kv_heads;
+  int64_t head_dim;
+  int64_t intermediate;
+  float eps;
+  const void* embed;
+  const float* rope;
+  int64_t rope_positions;
+  const kv_decoder_layer* layers;
 };
 
 extern "C" {
@@ -121,21 +165,33 @@ int kv_isa();
 int kv_kernel_path(int format);
 
 // y = epilogue(norm(x) @ W + b) (csrc/linear.cpp, linear_q8.cpp). x: (rows, w.n_in), y: (rows,
-// w.n_out). ln_weight, ln_bias: (K,) float32, a layer norm applied to each input row first, or null.
+// w.n_out), or (rows, w.n_out / 2) for KV_EPILOGUE_SILU_MUL. norm_weight: (K,) float32, a norm of
+// norm_kind (KV_NORM_*) applied to each input row first, or null; norm_bias: (K,) for a layer norm.
 // residual may be y itself (an in-place x += ...). int8 weights take float32 activations. Returns 0,
 // or -1 for a dtype and weight format that do not go together or that this build lacks.
 int kv_linear(const kv_weight* w, int dtype, const void* x, int64_t rows, void* y, int epilogue, const void* residual,
-              const float* ln_weight, const float* ln_bias, float ln_eps);
+              int norm_kind, const float* norm_weight, const float* norm_bias, float norm_eps);
 
-// out[i] = wte[ids[i]] + wpe[positions[i]] (csrc/embedding.cpp).
+// out[i] = wte[ids[i]] + wpe[positions[i]], or wte[ids[i]] where wpe is null (csrc/embedding.cpp).
 int kv_embed(int dtype, const int64_t* ids, const int64_t* positions, int64_t n, const void* wte, const void* wpe,
              int64_t C, void* out);
 
+// In place on each token's row of qkv (tokens, (heads + 2 kv_heads) * head_dim), its query heads then its
+// key heads (the values untouched): RMSNorm over each head's head_dim where q_norm / k_norm are given
+// (Qwen3's QK-norm), then rotate-half RoPE at the token's position from the float32 table rope
+// (rope_positions, head_dim) (csrc/rope.cpp). -1 for a position outside the table or an odd head_dim.
+int kv_rope(int dtype, void* qkv, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim,
+            const int64_t* positions, const float* rope, int64_t rope_positions, const float* q_norm,
+            const float* k_norm, float eps);
+
 // Writes each token's keys and values to its slot, then attends over its sequence's blocks
-// (csrc/attention.cpp). Needs head_dim in {8, 16, 32, 64, 128} and block_size % 8 == 0: -1 if not.
-// cache_dtype is dtype, or bfloat16 under float32 activations (keys and values rounded when written).
-int kv_paged_attention(int dtype, int cache_dtype, const void* qkv, int64_t tokens, int64_t heads, int64_t head_dim,
-                       void* cache, int64_t block_size, const int64_t* slot_mapping, int64_t seqs,
+// (csrc/attention.cpp). qkv: (tokens, (heads + 2 kv_heads) * head_dim), the query heads, the key heads,
+// the value heads; query head h reads key/value head h / (heads / kv_heads) in place. out: (tokens,
+// heads * head_dim). Needs head_dim in {8, 16, 32, 64, 128}, block_size % 8 == 0 and kv_heads dividing
+// heads: -1 if not. cache_dtype is dtype, or bfloat16 under float32 activations (keys and values
+// rounded when written).
+int kv_paged_attention(int dtype, int cache_dtype, const void* qkv, int64_t tokens, int64_t heads, int64_t kv_heads,
+                       int64_t head_dim, void* cache, int64_t block_size, const int64_t* slot_mapping, int64_t seqs,
                        const int32_t* query_start, const int32_t* seq_lens, const int32_t* block_tables,
                        int64_t block_table_stride, const int32_t* seq_rows, float scale, void* out);
 
@@ -145,6 +201,14 @@ int kv_forward(const kv_model* m, void* const* cache_layers, int64_t block_size,
                const int64_t* positions, int64_t tokens, const int64_t* slot_mapping, int64_t seqs,
                const int32_t* query_start, const int32_t* seq_lens, const int32_t* block_tables,
                int64_t block_table_stride, const int32_t* seq_rows, void* x);
+
+// The Llama-style decoder's step (csrc/decoder.cpp), as kv_forward is GPT-2's: x (tokens, hidden) gets
+// the hidden states before the final norm. cache_layers: one pointer per layer, each (num_blocks, 2,
+// kv_heads, block_size * head_dim).
+int kv_decoder_forward(const kv_decoder* m, void* const* cache_layers, int64_t block_size, const int64_t* token_ids,
+                       const int64_t* positions, int64_t tokens, const int64_t* slot_mapping, int64_t seqs,
+                       const int32_t* query_start, const int32_t* seq_lens, const int32_t* block_tables,
+                       int64_t block_table_stride, const int32_t* seq_rows, void* x);
 
 // The greedy pick and log-normalizer of each row of float32 logits (csrc/sampling.cpp).
 void kv_greedy(const float* logits, int64_t rows, int64_t V, double* out, int64_t out_stride, float* lse);

@@ -6,7 +6,11 @@
 // its block table lists. A prefill row at position t and a decode step at position t therefore run
 // the same code over the same keys.
 //
-// Cache layout per layer: (num_blocks, 2, heads, block_size * head_dim), keys then values. Keys are
+// Grouped-query attention: a token's row of qkv holds its `heads` query heads, then `kv_heads` key heads,
+// then as many value heads; query head h reads key/value head h / (heads / kv_heads) from the cache in
+// place (no copy per query head). GPT-2 has kv_heads == heads.
+//
+// Cache layout per layer: (num_blocks, 2, kv_heads, block_size * head_dim), keys then values. Keys are
 // stored transposed within a block, [head_dim][block_size], so 8 keys' scores come from one FMA per
 // dimension with no horizontal sum; values are [block_size][head_dim].
 //
@@ -32,7 +36,7 @@ namespace kv {
 namespace {
 
 struct Step {
-  int64_t tokens, heads, head_dim, block_size;
+  int64_t tokens, heads, kv_heads, head_dim, block_size;
   const int64_t* slot_mapping;  // (tokens,) cache slot = block * block_size + offset, or -1: not written
   int64_t seqs;
   const int32_t* query_start;   // (seqs + 1,) first token of each sequence in the step
@@ -52,9 +56,12 @@ inline C to_cache(T v) {
     return from_f32<C>(to_f32(v));
 }
 
+// A token's row of qkv: its query heads, key heads and value heads.
+inline int64_t row_width(const Step& s) { return (s.heads + 2 * s.kv_heads) * s.head_dim; }
+
 template <typename T, typename C>
 void write_cache(const T* qkv, C* cache, const Step& s) {
-  const int64_t width = s.heads * s.head_dim, bs = s.block_size, hd = s.head_dim;
+  const int64_t width = s.kv_heads * s.head_dim, bs = s.block_size, hd = s.head_dim;
   const int64_t block_elems = 2 * width * bs;
   constexpr int64_t kTokensPerTask = 16;
   ThreadPool::instance().run((s.tokens + kTokensPerTask - 1) / kTokensPerTask, [&](int64_t task) {
@@ -62,11 +69,11 @@ void write_cache(const T* qkv, C* cache, const Step& s) {
       const int64_t slot = s.slot_mapping[i];
       if (slot < 0) continue;
       const int64_t block = slot / bs, offset = slot % bs;
-      const T* k = qkv + i * 3 * width + width;
+      const T* k = qkv + i * row_width(s) + s.heads * hd;
       const T* v = k + width;
       C* keys = cache + block * block_elems;
       C* values = keys + width * bs;
-      for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t h = 0; h < s.kv_heads; ++h)
         for (int64_t d = 0; d < hd; ++d) {
           keys[(h * hd + d) * bs + offset] = to_cache<C>(k[h * hd + d]);
           values[(h * bs + offset) * hd + d] = to_cache<C>(v[h * hd + d]);
@@ -104,13 +111,14 @@ inline void score_groups(const float* q, const C* const* keys, int64_t bs, float
   for (int g = 0; g < G; ++g) _mm256_storeu_ps(out[g], _mm256_mul_ps(_mm256_add_ps(even[g], odd[g]), scale));
 }
 
-// One (token, head): NV = head_dim / 8 vectors per key, so the sums stay in registers.
+// One (token, query head) over key/value head `head`: NV = head_dim / 8 vectors per key, so the sums stay
+// in registers.
 template <int NV, typename T, typename KV>
 void attend_one(const T* q_in, const KV* cache, const int32_t* blocks, int64_t n, int64_t head, const Step& s,
                 std::vector<float>& scores, T* out) {
   constexpr int64_t hd = 8 * NV;
   constexpr int kGroups = 4;  // groups of 8 keys scored together: 8 independent chains
-  const int64_t bs = s.block_size, C = s.heads * hd;
+  const int64_t bs = s.block_size, C = s.kv_heads * hd;
   const int64_t block_elems = 2 * C * bs;
   alignas(32) float q[hd];
   for (int64_t d = 0; d < hd; ++d) q[d] = to_f32(q_in[d]);
@@ -209,7 +217,7 @@ AttendFn<T, KV> attend_for(int64_t head_dim) {
 template <typename T, typename KV>
 void paged_attention(const T* qkv, KV* cache, const Step& s, T* out) {
   write_cache(qkv, cache, s);
-  const int64_t C = s.heads * s.head_dim;
+  const int64_t C = s.heads * s.head_dim, width = row_width(s), group = s.heads / s.kv_heads;
   std::vector<int32_t> seq_of(size_t(s.tokens));
   for (int64_t q = 0; q < s.seqs; ++q)
     for (int32_t i = s.query_start[q]; i < s.query_start[q + 1]; ++i) seq_of[size_t(i)] = int32_t(q);
@@ -225,7 +233,7 @@ void paged_attention(const T* qkv, KV* cache, const Step& s, T* out) {
     const int64_t position = s.seq_lens[q] - (s.query_start[q + 1] - i);
     const int32_t* blocks = s.block_tables + int64_t(s.seq_rows[q]) * s.block_table_stride;
     for (int64_t head = first; head < first + span; ++head)
-      attend(qkv + i * 3 * C + head * s.head_dim, cache, blocks, position + 1, head, s, scores,
+      attend(qkv + i * width + head * s.head_dim, cache, blocks, position + 1, head / group, s, scores,
              out + i * C + head * s.head_dim);
   });
 }
@@ -235,14 +243,15 @@ void paged_attention(const T* qkv, KV* cache, const Step& s, T* out) {
 
 extern "C" {
 
-int kv_paged_attention(int dtype, int cache_dtype, const void* qkv, int64_t tokens, int64_t heads, int64_t head_dim,
-                       void* cache, int64_t block_size, const int64_t* slot_mapping, int64_t seqs,
+int kv_paged_attention(int dtype, int cache_dtype, const void* qkv, int64_t tokens, int64_t heads, int64_t kv_heads,
+                       int64_t head_dim, void* cache, int64_t block_size, const int64_t* slot_mapping, int64_t seqs,
                        const int32_t* query_start, const int32_t* seq_lens, const int32_t* block_tables,
                        int64_t block_table_stride, const int32_t* seq_rows, float scale, void* out) {
   using kv::bf16;
-  const kv::Step s{tokens,      heads,    head_dim,     block_size,         slot_mapping, seqs,
-                   query_start, seq_lens, block_tables, block_table_stride, seq_rows,     scale};
+  const kv::Step s{tokens,      heads,    kv_heads,     head_dim,           block_size, slot_mapping, seqs,
+                   query_start, seq_lens, block_tables, block_table_stride, seq_rows,   scale};
   if (kv::attend_for<float, float>(head_dim) == nullptr || block_size % 8 != 0) return -1;
+  if (kv_heads <= 0 || heads % kv_heads != 0) return -1;
   if (dtype == KV_DTYPE_F32 && cache_dtype == KV_DTYPE_F32)
     kv::paged_attention(static_cast<const float*>(qkv), static_cast<float*>(cache), s, static_cast<float*>(out));
   else if (dtype == KV_DTYPE_F32 && cache_dtype == KV_DTYPE_BF16)

@@ -1,5 +1,8 @@
 // The step's input rows: out[i] = wte[token_ids[i]] + wpe[positions[i]], one add per element
-// (float32 arithmetic; bfloat16 rounded once), the same for every row.
+// (float32 arithmetic; bfloat16 rounded once), the same for every row; or out[i] = wte[token_ids[i]],
+// copied, for a model without learned positions (wpe null: the Llama-style decoders).
+#include <cstring>
+
 #include "api.h"
 #include "thread_pool.h"
 #include "vec.h"
@@ -11,6 +14,10 @@ template <typename T>
 void embed(const int64_t* ids, const int64_t* positions, int64_t n, const T* wte, const T* wpe, int64_t C, T* out) {
   ThreadPool::instance().run((n + 31) / 32, [&](int64_t task) {
     for (int64_t i = task * 32; i < std::min(n, task * 32 + 32); ++i) {
+      if (wpe == nullptr) {
+        std::memcpy(out + i * C, wte + ids[i] * C, size_t(C) * sizeof(T));
+        continue;
+      }
       const T* a = wte + ids[i] * C;
       const T* b = wpe + positions[i] * C;
       T* y = out + i * C;

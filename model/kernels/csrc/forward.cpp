@@ -28,13 +28,17 @@ int kv_forward(const kv_model* m, void* const* cache_layers, int64_t block_size,
   const float scale = float(1.0 / __builtin_sqrt(double(hd)));  // as the Python wrapper computes it
   for (int64_t l = 0; l < m->n_layer && !failed; ++l) {
     const kv_layer& w = m->layers[l];
-    failed |= kv_linear(&w.c_attn, dtype, x, tokens, qkv, KV_EPILOGUE_NONE, nullptr, w.ln_1, w.ln_1 + C, m->eps);
-    failed |= kv_paged_attention(dtype, int(m->cache_dtype), qkv, tokens, m->n_head, hd, cache_layers[l], block_size,
-                                 slot_mapping, seqs, query_start, seq_lens, block_tables, block_table_stride, seq_rows,
-                                 scale, attended);
-    failed |= kv_linear(&w.attn_proj, dtype, attended, tokens, x, KV_EPILOGUE_RESIDUAL, x, nullptr, nullptr, 0.0f);
-    failed |= kv_linear(&w.c_fc, dtype, x, tokens, hidden, KV_EPILOGUE_GELU, nullptr, w.ln_2, w.ln_2 + C, m->eps);
-    failed |= kv_linear(&w.mlp_proj, dtype, hidden, tokens, x, KV_EPILOGUE_RESIDUAL, x, nullptr, nullptr, 0.0f);
+    failed |= kv_linear(&w.c_attn, dtype, x, tokens, qkv, KV_EPILOGUE_NONE, nullptr, KV_NORM_LAYER, w.ln_1, w.ln_1 + C,
+                        m->eps);
+    failed |= kv_paged_attention(dtype, int(m->cache_dtype), qkv, tokens, m->n_head, m->n_head, hd, cache_layers[l],
+                                 block_size, slot_mapping, seqs, query_start, seq_lens, block_tables,
+                                 block_table_stride, seq_rows, scale, attended);
+    failed |= kv_linear(&w.attn_proj, dtype, attended, tokens, x, KV_EPILOGUE_RESIDUAL, x, KV_NORM_LAYER, nullptr,
+                        nullptr, 0.0f);
+    failed |= kv_linear(&w.c_fc, dtype, x, tokens, hidden, KV_EPILOGUE_GELU, nullptr, KV_NORM_LAYER, w.ln_2, w.ln_2 + C,
+                        m->eps);
+    failed |= kv_linear(&w.mlp_proj, dtype, hidden, tokens, x, KV_EPILOGUE_RESIDUAL, x, KV_NORM_LAYER, nullptr, nullptr,
+                        0.0f);
   }
   return failed ? -1 : 0;
 }

@@ -21,7 +21,6 @@
 #include "api.h"
 #include "cpu.h"
 #include "epilogue.h"
-#include "layer_norm.h"
 #include "linear_bf16.h"
 #include "linear_q8.h"
 #include "thread_pool.h"
@@ -178,8 +177,7 @@ void linear(const X* x_in, int64_t rows, int64_t K, const W* w, const float* bia
     if (scratch.size() < size_t(rows * K)) scratch.resize(size_t(rows * K));
     float* s = scratch.data();
     if (norm.weight != nullptr) {
-      ThreadPool::instance().run(
-          rows, [&](int64_t r) { layer_norm_row(x_in + r * K, K, norm.weight, norm.bias, norm.eps, s + r * K); });
+      ThreadPool::instance().run(rows, [&](int64_t r) { norm_row(x_in + r * K, K, norm, s + r * K); });
     } else {
       for (int64_t i = 0; i < rows * K; ++i) s[i] = to_f32(x_in[i]);
     }
@@ -187,7 +185,7 @@ void linear(const X* x_in, int64_t rows, int64_t K, const W* w, const float* bia
   } else {
     x = reinterpret_cast<const float*>(x_in);
   }
-  const Output<T> out{y, residual, bias, O, epilogue};
+  const Output<T> out{y, residual, bias, output_columns(O, epilogue), epilogue};
   const bool wide = kernel_path(KV_WEIGHT_F32) == KV_PATH_AVX512;
   const int64_t groups = (O + kGroup - 1) / kGroup;
   const int64_t row_blocks = rows > 2 * kRowBlock ? (rows + kRowBlock - 1) / kRowBlock : 1;
@@ -205,10 +203,12 @@ void linear(const X* x_in, int64_t rows, int64_t K, const W* w, const float* bia
 extern "C" {
 
 int kv_linear(const kv_weight* w, int dtype, const void* x, int64_t rows, void* y, int epilogue, const void* residual,
-              const float* ln_weight, const float* ln_bias, float ln_eps) {
+              int norm_kind, const float* norm_weight, const float* norm_bias, float norm_eps) {
   using kv::bf16;
-  const kv::Norm norm{ln_weight, ln_bias, ln_eps};
+  const kv::Norm norm{norm_kind, norm_weight, norm_bias, norm_eps};
   const int64_t K = w->n_in, O = w->n_out;
+  if (epilogue == KV_EPILOGUE_SILU_MUL && O % 2 != 0) return -1;
+  if (norm_kind != KV_NORM_LAYER && norm_kind != KV_NORM_RMS) return -1;
   if (w->format == KV_WEIGHT_INT8) {
     if (dtype != KV_DTYPE_F32) return -1;
     return kv::linear_q8(*w, static_cast<const float*>(x), rows, static_cast<float*>(y), epilogue,

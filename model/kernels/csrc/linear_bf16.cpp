@@ -6,7 +6,7 @@
 // instruction's own (the products are exact in float32; subnormals flushed; round to nearest even),
 // whatever the number of rows, the row's place or the thread: cached equals uncached, alone equals
 // batched. Rows to normalize are normalized in float32 (layer_norm.h) and rounded to bfloat16 once,
-// as a bfloat16 model's layer norm output is.
+// as a bfloat16 model's norm output is.
 //
 // Weights (model/kernels/exact.py, KV_WEIGHT_BF16_PAIRS): groups of 64 columns, each four strips of
 // 16 columns with k in pairs, (groups, 4, K/2, 16, 2): one 64-byte line per strip per pair of k.
@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "cpu.h"
-#include "layer_norm.h"
 #include "thread_pool.h"
 
 namespace kv {
@@ -80,14 +79,14 @@ void linear(const kv_weight& w, const bf16* x, int64_t rows, T* y, int epilogue,
     if (norm.weight != nullptr) {
       thread_local std::vector<float> normed;
       if (normed.size() < size_t(K)) normed.resize(size_t(K));
-      layer_norm_row(x + r * K, K, norm.weight, norm.bias, norm.eps, normed.data());
+      norm_row(x + r * K, K, norm, normed.data());
       for (int64_t k = 0; k < K; ++k) dst[k] = to_bf16(normed[k]);
     } else {
       std::memcpy(dst, x + r * K, size_t(K) * sizeof(bf16));
     }
     if (Kp > K) dst[K] = 0;
   });
-  const Output<T> out{y, residual, w.bias, O, epilogue};
+  const Output<T> out{y, residual, w.bias, output_columns(O, epilogue), epilogue};
   const auto* weights = static_cast<const bf16*>(w.data);
   const int64_t groups = (O + kGroup - 1) / kGroup;
   const int64_t row_blocks = rows > 2 * kRowBlock ? (rows + kRowBlock - 1) / kRowBlock : 1;

@@ -21,7 +21,6 @@
 #include <cstring>
 #include <vector>
 
-#include "layer_norm.h"
 #include "thread_pool.h"
 
 namespace kv {
@@ -184,13 +183,13 @@ int linear_q8(const kv_weight& w, const float* x, int64_t rows, float* y, int ep
     thread_local std::vector<float> normed;
     if (norm.weight != nullptr) {
       if (normed.size() < size_t(K)) normed.resize(size_t(K));
-      layer_norm_row(row, K, norm.weight, norm.bias, norm.eps, normed.data());
+      norm_row(row, K, norm, normed.data());
       row = normed.data();
     }
     quantize_row(row, K, Kp, shift, q + r * Kp, sx + r);
   });
   const QuantizedRows in{q, sx, rows, Kp};
-  const Output<float> out{y, residual, w.bias, O, epilogue};
+  const Output<float> out{y, residual, w.bias, output_columns(O, epilogue), epilogue};
   switch (path) {
     case KV_PATH_AMX:
       linear_q8_amx(w, in, out);

@@ -72,6 +72,28 @@ inline void store_partial(T* p, __m256 v, int n) {
   for (int i = 0; i < n; ++i) p[i] = from_f32<T>(lanes[i]);
 }
 
+// Each lane rounded to bfloat16 (nearest even, NaN to the canonical 0x7fc0), kept as a float32: to_bf16
+// then to_f32, 8 lanes at a time.
+inline __m256 round_bf16(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+  r = _mm256_and_si256(r, _mm256_set1_epi32(int(0xffff0000u)));
+  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), nan);
+}
+
+// A value as an activation of type T holds it: unchanged in float32, rounded to bfloat16 otherwise. The
+// families' kernels round where a bfloat16 model's torch ops round (each op's output), so that their
+// bfloat16 arithmetic is transformers' own.
+template <typename T>
+inline __m256 as_activation(__m256 v) {
+  if constexpr (sizeof(T) == 2)
+    return round_bf16(v);
+  else
+    return v;
+}
+
 // Lanes 0..7 summed as ((0+4) + (2+6)) + ((1+5) + (3+7)): one fixed tree.
 inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -126,6 +148,12 @@ inline __m256 gelu8(__m256 x) {
   __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
   __m256 inner = _mm256_add_ps(x, _mm256_mul_ps(c, x3));
   __m256 z = exp8(_mm256_mul_ps(minus_two_sqrt_2_over_pi, inner));
+  return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), z));
+}
+
+// SiLU: x / (1 + e^(-x)), as torch computes it.
+inline __m256 silu8(__m256 x) {
+  const __m256 z = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
   return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), z));
 }
 
