@@ -67,14 +67,63 @@ CASES: dict[str, tuple[str, dict]] = {
 }
 
 
+# Cases the exact kernels run (a head_dim of 8, 16, 32, 64 or 128) with grouped-query attention and a context
+# long enough for the identity tests: Llama with llama3 RoPE, MLP biases and an intermediate size that is not a
+# multiple of 8; Qwen2 with q/k/v biases and head_dim 8; Qwen3 with QK-norm, o_proj bias and a head_dim (32)
+# that is not hidden / heads.
+EXACT_CASES: dict[str, tuple[str, dict]] = {
+    "llama-gqa2-llama3-rope-mlp-bias": (
+        "LlamaForCausalLM",
+        dict(
+            hidden_size=64,
+            intermediate_size=100,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            mlp_bias=True,
+            rope_parameters=LLAMA3_ROPE,
+            tie_word_embeddings=True,
+            max_position_embeddings=256,
+        ),
+    ),
+    "qwen2-gqa3-bias-head_dim8": (
+        "Qwen2ForCausalLM",
+        dict(
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            rope_theta=1e6,
+            tie_word_embeddings=False,
+            max_position_embeddings=256,
+        ),
+    ),
+    "qwen3-gqa2-qknorm-head_dim32": (
+        "Qwen3ForCausalLM",
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            attention_bias=True,
+            rope_theta=1e6,
+            tie_word_embeddings=False,
+            max_position_embeddings=256,
+        ),
+    ),
+}
+
+
+def case(name: str) -> tuple[str, dict]:
+    """A case's transformers class name and config keys (TINY's overridden by its own)."""
+    class_name, keys = CASES[name] if name in CASES else EXACT_CASES[name]
+    return class_name, {**TINY, **keys}
+
+
 def hf_model(name: str, seed: int = 0):
     """The case's transformers model in float32, eval mode, with wide random weights."""
     import transformers
 
-    class_name, keys = CASES[name]
+    class_name, keys = case(name)
     config_class = getattr(transformers, class_name.replace("ForCausalLM", "Config"))
     torch.manual_seed(seed)
-    model = getattr(transformers, class_name)(config_class(**TINY, **keys)).eval()
+    model = getattr(transformers, class_name)(config_class(**keys)).eval()
     with torch.no_grad():
         for param_name, p in model.named_parameters():
             if "norm" in param_name:
@@ -98,8 +147,8 @@ def random_decoder(name: str, seed: int = 0, dtype: torch.dtype = torch.float32,
     distribution as hf_model, in `dtype` on `device`, not yet prepared for inference."""
     from model.models import CausalLM, config_from_hf
 
-    class_name, keys = CASES[name]
-    config = config_from_hf({"architectures": [class_name], **TINY, **keys})
+    class_name, keys = case(name)
+    config = config_from_hf({"architectures": [class_name], **keys})
     torch.manual_seed(seed)
     model = CausalLM(config)
     with torch.no_grad():
