@@ -5,10 +5,11 @@ A sequence's keys and values live in the blocks its block table lists, in order:
 block `table[p // block_size]` at offset `p % block_size`. Which blocks a sequence holds is the
 engine's business (server/engine/block_manager.py); this module only stores them.
 
-A layer holds `num_key_value_heads x head_dim` values per token for keys and as many for values: a
-grouped-query model (model/models) caches only its key/value heads, each read in place by the query
-heads of its group, and its keys already rotated (RoPE applied at their own positions). GPT-2's config
-has as many key/value heads as query heads, of n_embd / n_head.
+A layer holds `num_kv_heads x head_dim` values per token for keys and as many for values (the model's
+description, model/description.py): a grouped-query model (model/models) caches only its key/value
+heads, each read in place by the query heads of its group, and its keys already rotated (RoPE applied
+at their own positions); GPT-2 has as many key/value heads as query heads. The longest sequence is the
+description's context_length.
 """
 
 from __future__ import annotations
@@ -18,14 +19,10 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from model.config import GPTConfig
-
-if TYPE_CHECKING:  # model.models imports this module (through model.gpt): the name only, for annotations
-    from model.models.config import ModelConfig
+from model.description import ModelDescription
 
 log = logging.getLogger("kvserve.kv_cache")
 
@@ -69,32 +66,9 @@ def resolve_kv_cache_dtype(name: str | None, model_dtype: torch.dtype) -> torch.
     return dtype
 
 
-@dataclass(frozen=True)
-class KVShape:
-    """What the cache holds per token and layer, read from either kind of config."""
-
-    num_layers: int
-    num_kv_heads: int  # key/value heads (GPT-2: n_head; a GQA model: num_key_value_heads)
-    head_dim: int  # need not be hidden / heads (Qwen3)
-    context: int  # the longest sequence: n_positions or max_position_embeddings
-
-    @classmethod
-    def of(cls, config: GPTConfig | ModelConfig) -> KVShape:
-        if not isinstance(config, GPTConfig):  # a decoder family's ModelConfig
-            return cls(
-                config.num_hidden_layers, config.num_key_value_heads, config.head_dim, config.max_position_embeddings
-            )
-        return cls(config.n_layer, config.n_head, config.head_dim, config.n_positions)
-
-    @property
-    def width(self) -> int:
-        """Keys (or values) of one token in one layer: num_kv_heads * head_dim."""
-        return self.num_kv_heads * self.head_dim
-
-
-def auto_kv_cache_bytes(config: GPTConfig | ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu") -> int:
+def auto_kv_cache_bytes(config: ModelDescription, dtype: torch.dtype, device: torch.device | str = "cpu") -> int:
     """The default KV cache size for a model: see AUTO_KV_SEQUENCES and AUTO_KV_FRACTION."""
-    per_sequence = KVShape.of(config).context * PagedKVCache.bytes_per_token(config, dtype)
+    per_sequence = config.context_length * PagedKVCache.bytes_per_token(config, dtype)
     cap = int(available_memory(device) * AUTO_KV_FRACTION)
     return max(per_sequence, min(AUTO_KV_SEQUENCES * per_sequence, cap))
 
@@ -191,7 +165,7 @@ class PagedKVCache:
 
     def __init__(
         self,
-        config: GPTConfig | ModelConfig,
+        config: ModelDescription,
         num_blocks: int,
         block_size: int = 16,
         *,
@@ -203,11 +177,10 @@ class PagedKVCache:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.config, self.num_blocks, self.block_size = config, num_blocks, block_size
-        kv = KVShape.of(config)
-        self.n_head, self.head_dim = kv.num_kv_heads, kv.head_dim  # n_head: the key/value heads cached
-        shape = (num_blocks, 2, kv.num_kv_heads, block_size * kv.head_dim)
+        self.n_head, self.head_dim = config.num_kv_heads, config.head_dim  # n_head: the key/value heads cached
+        shape = (num_blocks, 2, config.num_kv_heads, block_size * config.head_dim)
         # One tensor per layer: each layer's attention writes and reads its own, in place.
-        self.layers = [zeros_in_huge_pages(shape, dtype, device) for _ in range(kv.num_layers)]
+        self.layers = [zeros_in_huge_pages(shape, dtype, device) for _ in range(config.num_layers)]
         log.info(
             "KV cache: %d blocks of %d tokens, %d tokens in all (%.1f MiB, %s)",
             num_blocks,
@@ -218,20 +191,20 @@ class PagedKVCache:
         )
 
     @staticmethod
-    def bytes_per_token(config: GPTConfig | ModelConfig, dtype: torch.dtype) -> int:
+    def bytes_per_token(config: ModelDescription, dtype: torch.dtype) -> int:
         """Keys and values of one token, all layers."""
-        kv = KVShape.of(config)
-        return kv.num_layers * 2 * kv.width * torch.empty((), dtype=dtype).element_size()
+        width = config.num_kv_heads * config.head_dim  # keys (or values) of one token in one layer
+        return config.num_layers * 2 * width * torch.empty((), dtype=dtype).element_size()
 
     @classmethod
-    def bytes_per_block(cls, config: GPTConfig | ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    def bytes_per_block(cls, config: ModelDescription, block_size: int, dtype: torch.dtype) -> int:
         """Keys and values of `block_size` tokens, all layers."""
         return cls.bytes_per_token(config, dtype) * block_size
 
     @classmethod
     def blocks_for_memory(
         cls,
-        config: GPTConfig | ModelConfig,
+        config: ModelDescription,
         memory_bytes: int | None,
         block_size: int,
         dtype: torch.dtype,
@@ -244,10 +217,10 @@ class PagedKVCache:
 
     @classmethod
     def check_holds_a_context(
-        cls, config: GPTConfig | ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype
+        cls, config: ModelDescription, num_blocks: int, block_size: int, dtype: torch.dtype
     ) -> None:
         """A ValueError naming --kv-cache-memory when `num_blocks` cannot hold one context-long sequence."""
-        context = KVShape.of(config).context
+        context = config.context_length
         longest = -(-context // block_size)
         if num_blocks < longest:
             per_block = cls.bytes_per_block(config, block_size, dtype)
@@ -283,7 +256,7 @@ class PagedKVCache:
 
 
 def kv_cache_blocks(
-    config: GPTConfig | ModelConfig,
+    config: ModelDescription,
     block_size: int,
     dtype: torch.dtype,
     *,
