@@ -21,7 +21,8 @@ PEERS=$(cd "${1:?usage: bench/peers.sh [--checkpoint DIR] PEERS_DIR OUT_DIR [ROU
 OUT=$(mkdir -p "${2:?}" && cd "$2" && pwd)
 ROUNDS=${3:-2}
 NAME=$(basename "$CK")
-NPOS=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['n_positions'])" "$CK/config.json")
+# the context: GPT-2's n_positions, the Llama/Qwen families' max_position_embeddings
+NPOS=$(python3 -c "import json, sys; c = json.load(open(sys.argv[1])); print(c.get('n_positions') or c['max_position_embeddings'])" "$CK/config.json")
 LLAMA=$PEERS/llama/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-server
 gguf() {  # the GGUF file of one type (f32, f16, q8_0) of this checkpoint; fails when there is none
   if [ -f "$CK-$1.gguf" ]; then echo "$CK-$1.gguf"

@@ -190,8 +190,8 @@ def load_tokenizer(directory: str | Path | None = None) -> Tokenizer:
     """The checkpoint's tokenizer, read as transformers reads it:
     - the ids that end a sequence from config.json and generation_config.json (`eos_token_ids`; where neither
       names one, the id of tokenizer_config.json's eos_token, else `<|endoftext|>`);
-    - a prompt's BOS as tokenizer_config.json's add_bos_token says, else as tokenizer.json's post-processor adds
-      it (`prompt_special_tokens`), never twice;
+    - a prompt's BOS as tokenizer.json's post-processor adds it, or without one as tokenizer_config.json's
+      add_bos_token says (`prompt_special_tokens`), never twice;
     - the chat template of chat_template.jinja, else of tokenizer_config.json (a string, or a list of named
       templates whose 'default' is used), with the bos_token and eos_token texts it writes (tokenizer_config.json's,
       else special_tokens_map.json's).
@@ -222,6 +222,7 @@ def load_tokenizer(directory: str | Path | None = None) -> Tokenizer:
         bos_token=bos,
         eos_token=eos,
         model_vocab_size=config.vocab_size if config else None,
+        tokenizer_class=settings.get("tokenizer_class") if isinstance(settings.get("tokenizer_class"), str) else None,
     )
 
 

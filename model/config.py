@@ -64,7 +64,6 @@ class GPTConfig:
     dropout: float = 0.0  # used only in training
     eos_token_id: int | tuple[int, ...] | None = 0  # one id or several (Llama 3 names three); None: not named
     bos_token_id: int = 0
-    max_model_len: int | None = None  # the context served, when shorter than n_positions (with_context_length)
 
     def __post_init__(self) -> None:
         """Every value the model divides by, indexes with or sizes a tensor from, checked here, so that a bad
@@ -84,13 +83,6 @@ class GPTConfig:
                 f"eos_token_id must be a token id in [0, {self.vocab_size}) or a list of them, "
                 f"got {self.eos_token_id!r}"
             )
-        if self.max_model_len is not None and not (_is_int(self.max_model_len) and 0 < self.max_model_len):
-            raise ConfigError(f"max_model_len must be a positive integer, got {self.max_model_len!r}")
-        if self.max_model_len is not None and self.max_model_len > self.n_positions:
-            raise ConfigError(
-                f"max_model_len ({self.max_model_len}) is longer than the model's context "
-                f"(n_positions {self.n_positions}, its learned positions)"
-            )
 
     # ---- model.description.ModelDescription ---------------------------------------------------------
 
@@ -100,7 +92,7 @@ class GPTConfig:
 
     @property
     def context_length(self) -> int:
-        return self.n_positions if self.max_model_len is None else self.max_model_len
+        return self.n_positions
 
     @property
     def num_layers(self) -> int:
@@ -119,7 +111,14 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     def with_context_length(self, context_length: int) -> GPTConfig:
-        return self.replace(max_model_len=context_length)
+        """n_positions lowered: the model as served (the weights keep their position rows; a GPT is built from
+        the checkpoint's own config)."""
+        if not _is_int(context_length) or not 0 < context_length <= self.n_positions:
+            raise ConfigError(
+                f"a context of {context_length!r} tokens: GPT-2 serves at most its n_positions "
+                f"({self.n_positions}, its learned positions)"
+            )
+        return self.replace(n_positions=context_length)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -1,6 +1,7 @@
 """Plain generation for one prompt: `prefill`, `decode_one_token`, `recompute`, `generate`, and the CLI.
 
-Each step is one `GPT.forward_step` over a `StepBatch`, the same call the serving engine batches;
+Each step is one `forward_step` of the model (GPT-2's or a decoder family's) over a `StepBatch`, the same call
+the serving engine batches;
 here the sequence owns a small paged cache of its own, blocks 0, 1, 2, ... in order.
 """
 
@@ -16,8 +17,8 @@ import torch
 
 from model.checkpoint import DEFAULT_CHECKPOINT, load_model, load_tokenizer
 from model.config import PromptError, check_prompt
+from model.description import InferenceModel
 from model.device import resolve_device, resolve_dtype
-from model.gpt import GPT
 from model.kv_cache import PagedKVCache, StepBatch
 from model.sampling import Penalties, SamplingBatch, SamplingParams, resolve_seed, sample
 from model.text import OutputText
@@ -27,7 +28,7 @@ BLOCK_SIZE = 16
 
 
 def sequence_cache(
-    model: GPT, length: int, block_size: int = BLOCK_SIZE, dtype: torch.dtype | None = None
+    model: InferenceModel, length: int, block_size: int = BLOCK_SIZE, dtype: torch.dtype | None = None
 ) -> tuple[PagedKVCache, list[int]]:
     """A cache for one sequence of up to `length` tokens (in the model's dtype, or `dtype`), and its block table."""
     blocks = -(-length // block_size)
@@ -35,18 +36,22 @@ def sequence_cache(
     return cache, list(range(blocks))
 
 
-def prefill(model: GPT, cache: PagedKVCache, ids: list[int], blocks: list[int], start: int = 0) -> torch.Tensor:
+def prefill(
+    model: InferenceModel, cache: PagedKVCache, ids: list[int], blocks: list[int], start: int = 0
+) -> torch.Tensor:
     """Writes tokens `ids`, at positions start.., into the cache; returns the last one's logits (1, V)."""
     step = StepBatch.build([(ids, start, blocks)], cache.block_size, model.device)
     return model.compute_logits(model.forward_step(step, cache)[-1:])  # (1, V)
 
 
-def decode_one_token(model: GPT, cache: PagedKVCache, token: int, position: int, blocks: list[int]) -> torch.Tensor:
+def decode_one_token(
+    model: InferenceModel, cache: PagedKVCache, token: int, position: int, blocks: list[int]
+) -> torch.Tensor:
     """One cached step: the token at `position`, over the keys before it. Returns next-token logits (1, V)."""
     return prefill(model, cache, [token], blocks, position)
 
 
-def recompute(model: GPT, cache: PagedKVCache, ids: list[int], blocks: list[int]) -> torch.Tensor:
+def recompute(model: InferenceModel, cache: PagedKVCache, ids: list[int], blocks: list[int]) -> torch.Tensor:
     """One uncached step: the whole sequence again, every key and value recomputed (the cache is only
     scratch). Returns the last position's logits (1, V)."""
     return prefill(model, cache, ids, blocks, 0)
@@ -61,12 +66,12 @@ class Step:
 
 
 def generate(
-    model: GPT, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams, use_cache: bool = True
+    model: InferenceModel, tokenizer: Tokenizer, prompt: str | list[int], params: SamplingParams, use_cache: bool = True
 ) -> Iterator[Step]:
     """Yields one Step per generated token."""
     device = model.device
-    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    check_prompt(ids, params.max_new_tokens, model.config.n_positions, model.config.vocab_size)
+    ids = tokenizer.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else list(prompt)
+    check_prompt(ids, params.max_new_tokens, model.config.context_length, model.config.vocab_size)
     seed = resolve_seed(params.seed)
     cache, blocks = sequence_cache(model, len(ids) + params.max_new_tokens)
     logits = prefill(model, cache, ids, blocks) if use_cache else recompute(model, cache, ids, blocks)

@@ -49,13 +49,15 @@ class Tokenizer:
         bos_token: str | None = None,
         eos_token: str | None = None,
         model_vocab_size: int | None = None,
+        tokenizer_class: str | None = None,
     ) -> None:
         """`eos_token_ids`: the ids that end a sequence, as the checkpoint names them (checkpoint.load_tokenizer);
         none given, the id of `eos_token`, else of `<|endoftext|>`, if the vocabulary has it. `bos_token`,
         `eos_token`: the texts tokenizer_config.json names (a chat template writes them). `model_vocab_size`:
         the model's logits, when more than the tokenizer's ids (Qwen's): the ids past the tokenizer's decode to
-        nothing."""
+        nothing. `tokenizer_class`: tokenizer_config.json's, the transformers class that loads it."""
         self.hf = hf
+        self.tokenizer_class = tokenizer_class
         self.chat_template = chat_template  # a Jinja template for chat messages (tokenizer_config.json), if any
         self.vocab_size = max(hf.get_vocab_size(with_added_tokens=True), model_vocab_size or 0)
         if not eos_token_ids:
@@ -133,29 +135,29 @@ def prompt_special_tokens(
     bos_token: str | None,
     eos_token: str | None,
 ) -> None:
-    """Sets the special tokens `hf.encode(..., add_special_tokens=True)` puts around a text, as transformers'
-    tokenizers do: where tokenizer_config.json names add_bos_token or add_eos_token (or tokenizer.json has
-    no post-processor), exactly those (a BOS needs a bos_token); otherwise tokenizer.json's own post-processor
-    decides (Llama 3's adds <|begin_of_text|>). A BOS is so never added twice. TokenizerError for a
-    bos_token or eos_token to add that is not in the vocabulary."""
-    if add_bos_token is None and add_eos_token is None and hf.post_processor is not None:
+    """Sets the special tokens `hf.encode(..., add_special_tokens=True)` puts around a prompt. tokenizer.json's
+    post-processor, where it has one, decides, whatever tokenizer_config.json says: transformers 5 reads a
+    checkpoint so (Llama 3's adds <|begin_of_text|>, Qwen's and GPT-2's add nothing), and a BOS is never added
+    twice. Without one, tokenizer_config.json's add_bos_token and add_eos_token do, as transformers 4's Llama
+    tokenizers read them (transformers 5 then adds nothing). TokenizerError for a token to add that is not in
+    the vocabulary."""
+    if hf.post_processor is not None:
         return
     added = []
     for name, wanted, token in (("bos_token", add_bos_token, bos_token), ("eos_token", add_eos_token, eos_token)):
         if not wanted or token is None:
-            added.append(None)
             continue
         token_id = hf.token_to_id(token)
         if token_id is None:
-            raise TokenizerError(f"add_{name} is set, but its {name} {token!r} is not in the vocabulary")
-        added.append((token, token_id))
-    bos, eos = added
-    if bos is None and eos is None and hf.post_processor is None:
-        return  # nothing to add, as without a post-processor
-    single = " ".join([*([f"{bos[0]}:0"] if bos else []), "$A:0", *([f"{eos[0]}:0"] if eos else [])])
-    pair = " ".join([single, *([f"{bos[0]}:1"] if bos else []), "$B:1", *([f"{eos[0]}:1"] if eos else [])])
+            raise TokenizerError(f"add_{name} is true, but its {name} {token!r} is not in the vocabulary")
+        added.append((name, token, token_id))
+    if not added:
+        return
+    before = [f"{token}:0" for name, token, _ in added if name == "bos_token"]
+    after = [f"{token}:0" for name, token, _ in added if name == "eos_token"]
     hf.post_processor = processors.TemplateProcessing(
-        single=single, pair=pair, special_tokens=list(dict.fromkeys(t for t in (bos, eos) if t is not None))
+        single=" ".join([*before, "$A:0", *after]),
+        special_tokens=list(dict.fromkeys((token, token_id) for _, token, token_id in added)),
     )
 
 

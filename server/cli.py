@@ -161,7 +161,8 @@ def _add_server_flags(ap: argparse.ArgumentParser, cluster: bool) -> None:
         "--checkpoint",
         type=Path,
         default=DEFAULT_CHECKPOINT,
-        help="the checkpoint directory: config.json, model.safetensors, tokenizer.json",
+        help="the checkpoint directory: config.json, model.safetensors (or its shards), tokenizer.json; "
+        "GPT-2, Llama, Qwen2 or Qwen3",
     )
     ap.add_argument(
         "--served-model-name",
@@ -216,6 +217,14 @@ def _add_server_flags(ap: argparse.ArgumentParser, cluster: bool) -> None:
         default=defaults.kv_cache_memory,
         help="bytes of KV cache for all layers (e.g. 128MiB, 1GB); sets the number of blocks (default: "
         "32 full-context sequences of the model, at most a quarter of the free memory)",
+    )
+    eng.add_argument(
+        "--max-model-len",
+        type=at_least(int, 0),
+        default=defaults.max_model_len,
+        help="tokens one sequence may hold, prompt and output, at most the model's context (default: the "
+        "model's context, or as many as the default KV cache holds when that is fewer; with --kv-cache-memory "
+        "that cannot hold the model's context, start-up is refused)",
     )
     eng.add_argument(
         "--kv-cache-dtype",
@@ -425,30 +434,43 @@ def check_args(args: argparse.Namespace, engines_here: int = 1, device: str | No
     checkpoint). `engines_here`: the engines that will hold a KV cache in this machine's memory (or the
     device's, `device`, by default --device), each checked to fit before any is allocated; 0 checks none
     (replicas placed by a Ray cluster elsewhere)."""
-    from model.checkpoint import CheckpointError, inspect_checkpoint
+    from model.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, inspect_checkpoint
     from model.device import resolve_device, resolve_dtype
     from model.kv_cache import PagedKVCache, resolve_kv_cache_dtype
+    from model.models.loader import INDEX_FILE as WEIGHTS_INDEX_FILE
+    from server.engine.context_length import served_config
 
     try:
         where = resolve_device(device or args.device)
         dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, resolve_dtype(args.dtype))
     except ValueError as e:
         return "usage", str(e)
-    missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not (args.checkpoint / f).is_file()]
+    checkpoint = args.checkpoint
+    weights = [WEIGHTS_FILE] if not (checkpoint / WEIGHTS_INDEX_FILE).is_file() else []
+    missing = [f for f in (CONFIG_FILE, *weights, TOKENIZER_FILE) if not (checkpoint / f).is_file()]
     if missing:
-        return "usage", f"{args.checkpoint} is not a complete checkpoint (missing {', '.join(missing)})"
+        return "usage", f"{checkpoint} is not a complete checkpoint (missing {', '.join(missing)})"
     try:
-        model_config = inspect_checkpoint(args.checkpoint)
+        model_config = inspect_checkpoint(checkpoint)
     except CheckpointError as e:
         return "startup", str(e)
     try:
-        blocks = PagedKVCache.blocks_for_memory(model_config, args.kv_cache_memory, args.block_size, dtype)
-        PagedKVCache.check_holds_a_context(model_config, blocks, args.block_size, dtype)
+        served = served_config(
+            model_config,
+            max_model_len=args.max_model_len,
+            kv_cache_sized=args.kv_cache_memory is not None,
+            block_size=args.block_size,
+            cache_dtype=dtype,
+            device=where,
+        )
+        blocks = PagedKVCache.blocks_for_memory(served, args.kv_cache_memory, args.block_size, dtype)
+        PagedKVCache.check_holds_a_context(served, blocks, args.block_size, dtype)
     except ValueError as e:
-        return "usage", str(e)
+        flag = "" if args.max_model_len is not None else " (or lower --max-model-len)"
+        return "usage", f"{e}{flag}" if "--kv-cache-memory" in str(e) else str(e)
     if args.kv_cache_memory is not None and engines_here > 0:  # the default size is bounded by the free memory
-        kv_bytes = blocks * PagedKVCache.bytes_per_block(model_config, args.block_size, dtype)
-        problem = kv_cache_memory_problem(kv_bytes, args.checkpoint, where, engines_here)
+        kv_bytes = blocks * PagedKVCache.bytes_per_block(served, args.block_size, dtype)
+        problem = kv_cache_memory_problem(kv_bytes, checkpoint, where, engines_here)
         if problem is not None:
             return "usage", problem
     return None
@@ -459,10 +481,10 @@ def kv_cache_memory_problem(kv_bytes: int, checkpoint: Path, device, engines: in
     `engines` engines must fit in the memory free now (Linux's MemAvailable, or the GPU's free memory).
     Checked before allocating, because a cache larger than the machine does not fail at once: zeroing it
     runs into the OOM killer while the server answers /health with 503."""
-    from model.checkpoint import WEIGHTS_FILE
+    from model.checkpoint import load_config, weights_files
     from model.kv_cache import available_memory
 
-    weights = (checkpoint / WEIGHTS_FILE).stat().st_size
+    weights = sum(f.stat().st_size for f in weights_files(checkpoint, load_config(checkpoint)))
     need, free = engines * (kv_bytes + weights), available_memory(device)
     if need <= free:
         return None
@@ -490,6 +512,7 @@ def engine_config_from(args: argparse.Namespace, threads: int | None = None) -> 
         target_step_ms=args.target_step_ms,
         block_size=args.block_size,
         kv_cache_memory=args.kv_cache_memory,
+        max_model_len=args.max_model_len,
         enable_prefix_caching=args.prefix_caching,
         threads=args.threads if threads is None else threads,
         kernels=args.kernels,

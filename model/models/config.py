@@ -60,7 +60,6 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]  # config.json's eos_token_id, an int or a list
     torch_dtype: str | None  # the dtype config.json says the weights were saved in; information only
-    max_model_len: int | None = None  # the context served, when shorter than max_position_embeddings
 
     def __post_init__(self) -> None:
         sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -74,17 +73,12 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if self.max_model_len is not None and not 0 < self.max_model_len <= self.max_position_embeddings:
-            raise ConfigError(
-                f"max_model_len ({self.max_model_len}) must be positive and at most the model's context "
-                f"(max_position_embeddings {self.max_position_embeddings})"
-            )
 
     # ---- model.description.ModelDescription ---------------------------------------------------------
 
     @property
     def context_length(self) -> int:
-        return self.max_position_embeddings if self.max_model_len is None else self.max_model_len
+        return self.max_position_embeddings
 
     @property
     def num_layers(self) -> int:
@@ -99,7 +93,15 @@ class ModelConfig:
         return self.num_key_value_heads
 
     def with_context_length(self, context_length: int) -> ModelConfig:
-        return self.replace(max_model_len=context_length)
+        """max_position_embeddings lowered: the model as served (RoPE reads its own original context)."""
+        if isinstance(context_length, bool) or not isinstance(context_length, int):
+            raise ConfigError(f"a context length must be an integer, got {context_length!r}")
+        if not 0 < context_length <= self.max_position_embeddings:
+            raise ConfigError(
+                f"a context of {context_length} tokens: the model serves at most its max_position_embeddings "
+                f"({self.max_position_embeddings})"
+            )
+        return self.replace(max_position_embeddings=context_length)
 
     @property
     def kv_groups(self) -> int:

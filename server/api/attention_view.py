@@ -30,6 +30,6 @@ async def attention_of_generation(
     engine: EngineClient, prompt_ids: list[int], output_ids: list[int]
 ) -> AttentionWeights:
     """Computes on the engine thread, awaits without blocking the event loop, and shapes the payload
-    (nested lists of up to n_layer * n_head * 64 * context numbers) in a worker thread, off the loop."""
+    (nested lists of up to num_layers * num_heads * 64 * context numbers) in a worker thread, off the loop."""
     rows = await engine.attention_rows(prompt_ids, output_ids)  # (L, nh, Q, K)
     return await asyncio.to_thread(_payload, engine, rows, prompt_ids, output_ids)

@@ -9,7 +9,9 @@ from server.api.engine_client import EngineClient
 LONG_TEXT = 16_384  # characters: longer prompts are tokenized off the event loop
 
 
-async def encode(engine: EngineClient, text: str) -> list[int]:
+async def encode(engine: EngineClient, text: str, add_special_tokens: bool) -> list[int]:
+    """`add_special_tokens`: those the tokenizer puts around a prompt (the checkpoint's BOS, where it adds one);
+    False for text rendered from a chat template, which writes its own."""
     if len(text) > LONG_TEXT:
-        return await asyncio.to_thread(engine.tokenizer.encode, text)
-    return engine.tokenizer.encode(text)
+        return await asyncio.to_thread(engine.tokenizer.encode, text, add_special_tokens)
+    return engine.tokenizer.encode(text, add_special_tokens)

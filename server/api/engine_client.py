@@ -9,7 +9,7 @@ from typing import Protocol
 
 import torch
 
-from model.config import GPTConfig
+from model.description import ModelDescription
 from model.sampling import SamplingParams
 from model.tokenizer import Tokenizer
 from server.engine import EngineConfig, EngineInfo, TokenOutput
@@ -27,7 +27,7 @@ class NotInProcessError(RuntimeError):
 
 class EngineClient(Protocol):
     tokenizer: Tokenizer
-    model_config: GPTConfig
+    model_config: ModelDescription  # the model as served: its context may be shorter than its config.json's
     config: EngineConfig
 
     @property
@@ -91,7 +91,7 @@ class EngineClient(Protocol):
         """The block pool now (server/engine/kv_view.py). Raises EngineStoppedError once the engine stopped."""
 
     async def attention_rows(self, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
-        """What the first generated tokens attended to, from one uncached recompute: (n_layer, n_head, Q,
+        """What the first generated tokens attended to, from one uncached recompute: (num_layers, num_heads, Q,
         P + Q), rounded, on the CPU (server/engine/attention_rows.py). Raises EngineStoppedError once the
         engine stopped."""
 

@@ -24,8 +24,11 @@ class TokenizeRequest(Strict):
         None, description="chat messages, rendered through the checkpoint's chat template, then tokenized"
     )
     add_generation_prompt: bool = Field(True, description="with messages: the template's cue for the reply")
-    add_special_tokens: bool = Field(
-        True, description="accepted for vLLM's clients; this GPT-2 tokenizer adds no special token either way"
+    add_special_tokens: bool | None = Field(
+        None,
+        description="add the special tokens the tokenizer puts around a prompt (a BOS, where the checkpoint's "
+        "tokenizer adds one); default: true for a prompt, false for messages (the chat template writes them), "
+        "as vLLM",
     )
     return_token_strs: bool = Field(False, description="also return each token's vocabulary entry")
 

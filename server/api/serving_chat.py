@@ -41,8 +41,10 @@ from server.engine import FINISH_ERROR, TokenOutput
 
 
 def chat_prompt(engine: EngineClient, messages: list[ChatMessage], add_generation_prompt: bool, model_name: str) -> str:
-    """The messages rendered through the checkpoint's chat template (a 400 without one, as vLLM)."""
-    template = engine.tokenizer.chat_template
+    """The messages rendered through the checkpoint's chat template (a 400 without one, as vLLM), with the
+    tokenizer's bos_token and eos_token texts as transformers passes them."""
+    tokenizer = engine.tokenizer
+    template = tokenizer.chat_template
     if template is None:
         raise APIError(
             400,
@@ -51,7 +53,6 @@ def chat_prompt(engine: EngineClient, messages: list[ChatMessage], add_generatio
             "send the text to /v1/completions instead",
             "invalid_request",
         )
-    eos = engine.tokenizer.decode([engine.tokenizer.eos_token_id]) if engine.tokenizer.eos_token_id is not None else ""
     try:
         rendered = []
         for message in messages:
@@ -59,7 +60,13 @@ def chat_prompt(engine: EngineClient, messages: list[ChatMessage], add_generatio
             if "content" in fields:
                 fields["content"] = text_content(fields["content"])
             rendered.append(fields)
-        return render(template, rendered, add_generation_prompt=add_generation_prompt, eos_token=eos)
+        return render(
+            template,
+            rendered,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=tokenizer.bos_token or "",
+            eos_token=tokenizer.eos_token or "",
+        )
     except (ChatTemplateError, ContentError) as e:
         raise APIError(400, str(e), "invalid_request") from e
 
@@ -118,7 +125,8 @@ async def chat_completion(
 ):
     names.check(body.model)
     limits.check_stop(body.stop_list, "stop")
-    prompt_ids = await encode(engine, chat_prompt(engine, body.messages, body.add_generation_prompt, names.primary))
+    text = chat_prompt(engine, body.messages, body.add_generation_prompt, names.primary)
+    prompt_ids = await encode(engine, text, add_special_tokens=False)  # the template wrote them
     limits.check_prompt(len(prompt_ids))
     params = chat_params(body, engine, limits, len(prompt_ids))
     gen = Generation(

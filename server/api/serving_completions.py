@@ -69,7 +69,7 @@ async def prompt_ids_of(engine: EngineClient, prompts: list[str | list[int]], li
     limits.check_count("prompt (a list of prompts)", len(prompts), "max_prompts")
     out = []
     for p in prompts:
-        ids = await encode(engine, p) if isinstance(p, str) else p
+        ids = await encode(engine, p, add_special_tokens=True) if isinstance(p, str) else p
         limits.check_prompt(len(ids))
         out.append(ids)
     return out

@@ -128,7 +128,7 @@ async def tgi_generate(
     """TGI's /generate (`as_list` for the `/` route, which answers a one-element list)."""
     p = body.parameters
     limits.check_stop(p.stop, "parameters.stop")
-    ids = await encode(engine, body.inputs)
+    ids = await encode(engine, body.inputs, add_special_tokens=True)
     prompt_ids = ids[-p.truncate :] if p.truncate else ids
     limits.check_prompt(len(prompt_ids))
     params = tgi_sampling_params(p, len(prompt_ids), engine, limits)

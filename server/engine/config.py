@@ -16,6 +16,7 @@ class EngineConfig:
     target_step_ms: float | None = None  # prompt chunks sized so a step with decode rows takes about this (None: off)
     block_size: int = 16  # tokens per KV-cache block
     kv_cache_memory: int | None = None  # bytes of KV cache, all layers (None: model.kv_cache.auto_kv_cache_bytes)
+    max_model_len: int | None = None  # tokens a sequence may hold (None: the model's; server/engine/context_length.py)
     num_blocks: int | None = None  # the number of blocks outright (tests); overrides kv_cache_memory
     enable_prefix_caching: bool = True
     threads: int | None = None  # CPU threads of the engine's kernels (None: torch's default, one per core)
@@ -53,6 +54,8 @@ class EngineConfig:
             raise ValueError(f"engine_niceness must be in 0..19, got {self.engine_niceness}")
         if not 0 <= self.stream_interval_ms < math.inf:
             raise ValueError(f"stream_interval_ms must be >= 0, got {self.stream_interval_ms}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
 

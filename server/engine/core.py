@@ -14,11 +14,12 @@ import time
 import torch
 
 from model import kernels
-from model.gpt import GPT
+from model.description import InferenceModel, ModelDescription
 from model.kv_cache import PagedKVCache, kv_cache_blocks, resolve_kv_cache_dtype
 from model.tokenizer import Tokenizer
 from server.engine.block_manager import BlockManager
 from server.engine.config import EngineConfig
+from server.engine.context_length import served_config
 from server.engine.kernel_spin import KernelSpin
 from server.engine.model_runner import ModelRunner, StepResult
 from server.engine.one_by_one import execute_one_by_one
@@ -34,7 +35,7 @@ log = logging.getLogger("kvserve.engine")
 
 
 class EngineCore:
-    def __init__(self, model: GPT, tokenizer: Tokenizer, config: EngineConfig) -> None:
+    def __init__(self, model: InferenceModel, tokenizer: Tokenizer, config: EngineConfig) -> None:
         """Builds the pieces for `model` under `config`. The model is prepared for the kernels the config
         asks for, in place (for every holder of the model)."""
         self.config = config
@@ -44,14 +45,23 @@ class EngineCore:
         kernels.set_num_threads(self.threads)
         if model.kernels == "exact" and config.block_size % 8:
             raise ValueError(f"the exact kernels need a block size that is a multiple of 8, got {config.block_size}")
-        self.model, self.tokenizer, self.model_config = model, tokenizer, model.config
+        self.model, self.tokenizer = model, tokenizer
         self.device = model.device
         bs = config.block_size
         cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, model.dtype)
-        num_blocks = kv_cache_blocks(
-            model.config, bs, cache_dtype, num_blocks=config.num_blocks, memory_bytes=config.kv_cache_memory
+        # the model as served: its context capped by --max-model-len or the default KV cache (context_length.py)
+        self.model_config: ModelDescription = served_config(
+            model.config,
+            max_model_len=config.max_model_len,
+            kv_cache_sized=bool(config.num_blocks) or config.kv_cache_memory is not None,
+            block_size=bs,
+            cache_dtype=cache_dtype,
+            device=self.device,
         )
-        self.cache = PagedKVCache(model.config, num_blocks, bs, dtype=cache_dtype, device=self.device)
+        num_blocks = kv_cache_blocks(
+            self.model_config, bs, cache_dtype, num_blocks=config.num_blocks, memory_bytes=config.kv_cache_memory
+        )
+        self.cache = PagedKVCache(self.model_config, num_blocks, bs, dtype=cache_dtype, device=self.device)
         self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         target_s = None if config.target_step_ms is None else config.target_step_ms / 1000
         self.budget = StepBudget(config.max_num_batched_tokens, target_s=target_s)
@@ -69,6 +79,7 @@ class EngineCore:
         )
         self.runner = ModelRunner(
             model,
+            self.model_config,
             self.cache,
             config.max_num_seqs,
             config.max_num_batched_tokens,

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from model.checkpoint import DEFAULT_CHECKPOINT, load_model, load_tokenizer
+from model.description import InferenceModel
 from model.device import resolve_device, resolve_dtype
-from model.gpt import GPT
 from model.sampling import SamplingParams, resolve_seed
 from model.tokenizer import Tokenizer
 from server.engine.admission import check_fits
@@ -64,7 +64,7 @@ class EngineArgs:
 class Engine(EngineCore):
     def __init__(
         self,
-        model: GPT,
+        model: InferenceModel,
         tokenizer: Tokenizer,
         config: EngineConfig | None = None,
         *,
@@ -99,7 +99,8 @@ class Engine(EngineCore):
 
     @property
     def context_length(self) -> int:
-        return self.model_config.n_positions
+        """Tokens a sequence may hold: the model's context, or less (server/engine/context_length.py)."""
+        return self.model_config.context_length
 
     @property
     def num_running(self) -> int:
@@ -256,7 +257,7 @@ class Engine(EngineCore):
 
     async def attention_rows(self, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
         """What the first generated tokens attended to (server/engine/attention_rows.py), computed between
-        two steps: (n_layer, n_head, Q, P + Q), rounded, on the CPU."""
+        two steps: (num_layers, num_heads, Q, P + Q), rounded, on the CPU."""
         future = self.run_between_steps(lambda: generated_token_rows(self.model, prompt_ids, output_ids))
         return await asyncio.wrap_future(future)
 

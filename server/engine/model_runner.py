@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from model.gpt import GPT
+from model.description import InferenceModel, ModelDescription
 from model.kv_cache import PagedKVCache, StepBatch
 from server.engine.input_buffers import InputBuffers
 from server.engine.prompt_scoring import PromptScoring, plan_prompt_scoring, score_prompts
@@ -49,25 +49,27 @@ class StepResult:
 class ModelRunner:
     def __init__(
         self,
-        model: GPT,
+        model: InferenceModel,
+        served: ModelDescription,
         cache: PagedKVCache,
         max_num_seqs: int,
         max_num_batched_tokens: int,
         num_speculative_tokens: int = 0,
     ) -> None:
+        """`served`: the model as the engine serves it (its context may be shorter than the model's own)."""
         self.model, self.cache, self.device = model, cache, model.device
         self.block_size = cache.block_size
         self.max_rows = max_num_seqs
-        self.max_blocks = -(-model.config.n_positions // self.block_size)
+        self.max_blocks = -(-served.context_length // self.block_size)
         self._row_blocks = np.zeros(max_num_seqs, dtype=np.int64)  # block ids written to each row's table
         self.sampler = Sampler(
             max_num_seqs,
-            model.config.vocab_size,
+            served.vocab_size,
             self.device,
             exact=model.kernels == "exact",
             max_samples=max_num_seqs * (1 + num_speculative_tokens),
         )
-        self._allocate(max(max_num_batched_tokens, model.config.n_positions))
+        self._allocate(max(max_num_batched_tokens, served.context_length))
 
     def _allocate(self, max_tokens: int) -> None:
         """(Re)builds the step buffers for up to `max_tokens` tokens a step, keeping the rows' block tables."""
