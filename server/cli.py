@@ -10,6 +10,7 @@ start-up failure (exit 1, one line saying why; the traceback only with --log-lev
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -438,7 +439,6 @@ def check_args(args: argparse.Namespace, engines_here: int = 1, device: str | No
     from model.device import resolve_device, resolve_dtype
     from model.kv_cache import PagedKVCache, resolve_kv_cache_dtype
     from model.models.loader import INDEX_FILE as WEIGHTS_INDEX_FILE
-    from server.engine.context_length import served_config
 
     try:
         where = resolve_device(device or args.device)
@@ -455,14 +455,7 @@ def check_args(args: argparse.Namespace, engines_here: int = 1, device: str | No
     except CheckpointError as e:
         return "startup", str(e)
     try:
-        served = served_config(
-            model_config,
-            max_model_len=args.max_model_len,
-            kv_cache_sized=args.kv_cache_memory is not None,
-            block_size=args.block_size,
-            cache_dtype=dtype,
-            device=where,
-        )
+        served = served_model(args, where, model_config)
         blocks = PagedKVCache.blocks_for_memory(served, args.kv_cache_memory, args.block_size, dtype)
         PagedKVCache.check_holds_a_context(served, blocks, args.block_size, dtype)
     except ValueError as e:
@@ -474,6 +467,25 @@ def check_args(args: argparse.Namespace, engines_here: int = 1, device: str | No
         if problem is not None:
             return "usage", problem
     return None
+
+
+def served_model(args: argparse.Namespace, device, model_config=None):
+    """The checkpoint's model description as the engine serves it under these flags: its context capped by
+    --max-model-len or the default KV cache (server/engine/context_length.py). ValueError for a context that
+    cannot be served."""
+    from model.checkpoint import load_config
+    from model.device import resolve_dtype
+    from model.kv_cache import resolve_kv_cache_dtype
+    from server.engine.context_length import served_config
+
+    return served_config(
+        model_config or load_config(args.checkpoint),
+        max_model_len=args.max_model_len,
+        kv_cache_sized=args.kv_cache_memory is not None,
+        block_size=args.block_size,
+        cache_dtype=resolve_kv_cache_dtype(args.kv_cache_dtype, resolve_dtype(args.dtype)),
+        device=device,
+    )
 
 
 def kv_cache_memory_problem(kv_bytes: int, checkpoint: Path, device, engines: int = 1) -> str | None:
@@ -555,11 +567,19 @@ def cluster_settings_from(args: argparse.Namespace):
     """The deployment from `python -m server.cluster`'s flags (or a Serve config's `args`): each replica's
     engine config and the ingress's limits as `python -m server` builds its own. ValueError for an engine
     config that cannot work."""
+    from model.checkpoint import CONFIG_FILE, load_config
     from server.cluster.app import ClusterSettings
 
     # one kernel thread per Ray CPU a replica holds, unless --threads says otherwise
     config = engine_config_from(args, threads=args.threads or max(1, int(args.replica_cpus)))
     device = replica_device(args)
+    if config.max_model_len is None and config.kv_cache_memory is None and (args.checkpoint / CONFIG_FILE).is_file():
+        # a context the default KV cache cannot hold is capped (server/engine/context_length.py): once, here,
+        # so that the ingress and every replica serve the same one, whatever memory each finds free (a
+        # checkpoint that is not there is check_args' to refuse)
+        served = served_model(args, device)
+        if served.context_length < load_config(args.checkpoint).context_length:
+            config = dataclasses.replace(config, max_model_len=served.context_length)
     return ClusterSettings(
         checkpoint=Path(args.checkpoint).resolve(),
         replicas=args.replicas,

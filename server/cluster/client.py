@@ -29,12 +29,11 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
-from model.checkpoint import load_tokenizer
-from model.config import GPTConfig, PromptError
+from model.checkpoint import load_config, load_tokenizer
+from model.config import PromptError
 from model.generate import check_prompt
 from model.sampling import SamplingParams
 from server.api.engine_client import NotInProcessError
@@ -74,7 +73,9 @@ class RayEngineClient:
         self.loop = loop
         self.engine_args = engine_args
         self.tokenizer = load_tokenizer(engine_args.checkpoint)
-        self.model_config = GPTConfig.load(Path(engine_args.checkpoint) / "config.json")
+        model_config, limit = load_config(engine_args.checkpoint), engine_args.config.max_model_len
+        # the model as the replicas serve it (server.cli.cluster_settings_from fixes a capped context for all)
+        self.model_config = model_config if limit is None else model_config.with_context_length(limit)
         self.config = engine_args.config
         self._router = router
         self._calls: dict[str, asyncio.Task] = {}  # request id -> the call carrying it (copies share one)
@@ -86,7 +87,7 @@ class RayEngineClient:
 
     @property
     def context_length(self) -> int:
-        return self.model_config.n_positions
+        return self.model_config.context_length
 
     @property
     def info(self) -> EngineInfo:
