@@ -2,8 +2,10 @@
 
 Reads a 1 GiB float32 tensor (`sum`, which streams every byte once) several times and reports the
 median GB/s; the decode bound is the bytes one batch-1 step must read (every weight once, as the
-kernels store it: float32, bfloat16 or int8 with its scales; the layers, the tied head) divided by
-that bandwidth. Then times the decode step back to back (--steps per sample, context 256, batch 1, 8
+kernels store it: float32, bfloat16 or int8 with its scales; the layers, the head) divided by
+that bandwidth. Any checkpoint model.checkpoint loads: GPT-2, or a Llama, Qwen2 or Qwen3 one (e.g.
+`python -m bench.make_checkpoint --shape smollm2-135m DIR`, then `--checkpoint DIR --dtype bfloat16`).
+Then times the decode step back to back (--steps per sample, context 256, batch 1, 8
 and 32), with each kernel set asked for in turns, and gives the batch-1 step's share of that bound
 and each step's GFLOP/s (2 per weight per row: the products only). Names the instruction-set path
 the exact kernels run on (KVSERVE_ISA picks a lower one).
@@ -26,6 +28,7 @@ from bench.common import (
     write_result,
 )
 from model.checkpoint import load_model
+from model.description import InferenceModel
 from model.gpt import GPT
 from model.kv_cache import PagedKVCache, StepBatch, resolve_kv_cache_dtype
 
@@ -47,26 +50,42 @@ def read_bandwidth(device: torch.device, gib: float, repeats: int) -> float:
     return data.numel() * 4 / sorted(times)[len(times) // 2] / 1e9
 
 
-def step_bytes(model: GPT) -> int:
+def lookup_tables(model: InferenceModel) -> tuple[list[torch.Tensor], bool]:
+    """The embedding tables a step reads one row of per token (GPT-2's token and position embeddings, a
+    family's token embedding), and whether the first is also the head (tied)."""
+    if isinstance(model, GPT):
+        return [model.transformer.wte.weight, model.transformer.wpe.weight], True
+    return [model.model.embed_tokens.weight], model.lm_head is None
+
+
+def step_bytes(model: InferenceModel) -> int:
     """Bytes a batch-1 step reads at least: every product's weights as its kernels store them (the
-    tied head included), and one row each of the two embeddings."""
-    row = model.config.n_embd * model.transformer.wte.weight.element_size()
+    head included), and one row of each embedding table."""
+    tables, tied = lookup_tables(model)
+    rows = sum(t.shape[1] * t.element_size() for t in tables)
     packed = getattr(model.backend, "weight_bytes", None)
     if packed is not None:
-        return packed + 2 * row
+        return packed + rows
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    positions = model.transformer.wpe.weight
-    return weights - positions.numel() * positions.element_size() + row
+    lookups_only = tables[1:] if tied else tables  # read a row at a time, not as a product's weight
+    return weights - sum(t.numel() * t.element_size() for t in lookups_only) + rows
 
 
-def step_flops(model: GPT, batch: int) -> float:
+def step_flops(model: InferenceModel, batch: int) -> float:
     """Multiply-adds of a step's products, times 2: (layers' weights + the head) per row."""
     c = model.config
-    per_row = c.n_layer * 12 * c.n_embd**2 + c.n_embd * c.vocab_size
+    if isinstance(model, GPT):
+        per_row = c.n_layer * 12 * c.n_embd**2 + c.n_embd * c.vocab_size
+    else:
+        q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        per_layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+        per_row = c.num_hidden_layers * per_layer + c.hidden_size * c.vocab_size
     return 2.0 * per_row * batch
 
 
-def decode_steps(model: GPT, batch: int, steps: int = STEPS_PER_SAMPLE, cache_dtype: torch.dtype | None = None):
+def decode_steps(
+    model: InferenceModel, batch: int, steps: int = STEPS_PER_SAMPLE, cache_dtype: torch.dtype | None = None
+):
     """A function that runs `steps` decode steps of `batch` sequences at STEP_CONTEXT, each
     over its own blocks (scattered through the cache, as a busy server leaves them)."""
     blocks_each = STEP_CONTEXT // BLOCK_SIZE
