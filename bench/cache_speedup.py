@@ -21,15 +21,15 @@ from bench.common import (
     write_result,
 )
 from model.checkpoint import load_model
+from model.description import InferenceModel
 from model.generate import decode_one_token, prefill, recompute, sequence_cache
-from model.gpt import GPT
 from model.kv_cache import PagedKVCache, StepBatch
 
 PROMPT_TOKENS = 32
 BLOCK_SIZE = 16
 
 
-def decode_step_latency(model: GPT, context: int, batch: int, repeats: int) -> dict:
+def decode_step_latency(model: InferenceModel, context: int, batch: int, repeats: int) -> dict:
     """One new token at position context - 1 for each of `batch` sequences, cached and recomputed."""
     gen = torch.Generator().manual_seed(context * 100 + batch)
     ids = torch.randint(0, model.config.vocab_size, (batch, context), generator=gen).tolist()
@@ -63,7 +63,7 @@ def decode_step_latency(model: GPT, context: int, batch: int, repeats: int) -> d
     }
 
 
-def generate_cached(model: GPT, prompt: list[int], new_tokens: int) -> list[int]:
+def generate_cached(model: InferenceModel, prompt: list[int], new_tokens: int) -> list[int]:
     """Greedy, batch 1: prefill the prompt, then one cached step per token."""
     cache, blocks = sequence_cache(model, len(prompt) + new_tokens)
     logits, out = prefill(model, cache, prompt, blocks), []
@@ -74,7 +74,7 @@ def generate_cached(model: GPT, prompt: list[int], new_tokens: int) -> list[int]
     return out
 
 
-def generate_uncached(model: GPT, prompt: list[int], new_tokens: int) -> list[int]:
+def generate_uncached(model: InferenceModel, prompt: list[int], new_tokens: int) -> list[int]:
     """Greedy, batch 1: the whole growing sequence through the model for every token."""
     cache, blocks = sequence_cache(model, len(prompt) + new_tokens)
     ids = list(prompt)
@@ -83,7 +83,7 @@ def generate_uncached(model: GPT, prompt: list[int], new_tokens: int) -> list[in
     return ids[len(prompt) :]
 
 
-def generation_total(model: GPT, new_tokens: int, repeats: int) -> dict:
+def generation_total(model: InferenceModel, new_tokens: int, repeats: int) -> dict:
     prompt = torch.randint(0, model.config.vocab_size, (PROMPT_TOKENS,), generator=torch.Generator().manual_seed(0))
     prompt = prompt.tolist()
     same = generate_cached(model, prompt, new_tokens) == generate_uncached(model, prompt, new_tokens)
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for name in kernel_sets(args, device, dtype):
         model = load_model(args.checkpoint, device=device, dtype=dtype, kernels=name)
-        limit = model.config.n_positions
+        limit = model.config.context_length
         contexts = sorted({min(int(c), limit) for c in args.contexts.split(",")})[: 2 if args.quick else None]
         repeats = args.repeats or (3 if args.quick else 20)
         new_tokens = min(32, limit - PROMPT_TOKENS) if args.quick else min(512, limit) - PROMPT_TOKENS

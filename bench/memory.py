@@ -9,13 +9,15 @@ of the context.
 
 from __future__ import annotations
 
+import json
 import resource
 import sys
+from pathlib import Path
 
 import torch
 
 from bench.common import base_parser, machine_info, resolve, synchronize, write_result
-from model.checkpoint import load_model, load_tokenizer
+from model.checkpoint import CONFIG_FILE, load_model, load_tokenizer
 from model.kv_cache import PagedKVCache
 from model.sampling import SamplingParams
 from server.engine import Engine, EngineConfig
@@ -35,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     device, dtype = resolve(args)
     model = load_model(args.checkpoint, device=device, dtype=dtype)
     tokenizer = load_tokenizer(args.checkpoint)
-    context = model.config.n_positions
+    context = model.config.context_length
     batches = sorted(int(b) for b in args.batches.split(","))[: 2 if args.quick else None]
     new_tokens = 8 if args.quick else context - args.prompt_tokens
     rss_after_load = peak_rss_bytes()
@@ -81,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "memory",
         "machine": machine_info(device, dtype),
         "checkpoint": args.checkpoint,
-        "model": model.config.to_hf_dict(),
+        "model": json.loads((Path(args.checkpoint) / CONFIG_FILE).read_text()),
         "quick": args.quick,
         "parameters": params,
-        "parameter_bytes": params * model.transformer.wte.weight.element_size(),
+        "parameter_bytes": params * torch.empty((), dtype=model.dtype).element_size(),
         "kv_bytes_per_token": per_block // config.block_size,
         "kv_bytes_per_block": per_block,
         "block_size": config.block_size,

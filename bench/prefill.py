@@ -19,13 +19,13 @@ from bench.common import (
     write_result,
 )
 from model.checkpoint import load_model
-from model.gpt import GPT
+from model.description import InferenceModel
 from model.kv_cache import PagedKVCache, StepBatch
 
 BLOCK_SIZE = 16
 
 
-def prefill_fn(model: GPT, prompts: list[list[int]]):
+def prefill_fn(model: InferenceModel, prompts: list[list[int]]):
     per_seq = -(-max(len(p) for p in prompts) // BLOCK_SIZE)
     cache = PagedKVCache(model.config, len(prompts) * per_seq, BLOCK_SIZE, dtype=model.dtype, device=model.device)
     step = StepBatch.build(
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         name: load_model(args.checkpoint, device=device, dtype=dtype, kernels=name)
         for name in kernel_sets(args, device, dtype)
     }
-    vocab, context = next(iter(models.values())).config.vocab_size, next(iter(models.values())).config.n_positions
+    vocab, context = next(iter(models.values())).config.vocab_size, next(iter(models.values())).config.context_length
     g = torch.Generator().manual_seed(0)
     shapes = {"1x512": [min(512, context)], "4x128": [128] * 4}
     if args.quick:

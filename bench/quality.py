@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         name: load_model(args.checkpoint, device=device, dtype=CONFIGS[name][0], quantization=CONFIGS[name][1])
         for name in dict.fromkeys(["float32", *args.configs])
     }
-    context = next(iter(models.values())).config.n_positions
+    context = next(iter(models.values())).config.context_length
     nll = {name: 0.0 for name in models}
     kl = {name: 0.0 for name in models}
     agree = {name: 0 for name in models}

@@ -16,16 +16,16 @@ import torch
 
 from bench.common import base_parser, interleaved_medians, machine_info, resolve, stock_threads, write_result
 from model.checkpoint import load_model, load_tokenizer
-from model.gpt import GPT
+from model.description import InferenceModel
 from model.kv_cache import PagedKVCache, StepBatch
 from model.sampling import SamplingParams
 
 
 @torch.inference_mode()
-def generate_ours(model: GPT, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+def generate_ours(model: InferenceModel, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """Greedy for a batch of equal-length prompts (B, T). Returns (B, new_tokens)."""
     B, T = prompts.shape
-    eos, bs = model.config.eos_token_id, 16
+    eos, bs = (model.config.eos_token_ids or (0,))[0], 16
     per_seq = -(-(T + new_tokens) // bs)
     cache = PagedKVCache(model.config, B * per_seq, bs, dtype=model.dtype, device=model.device)
     tables = [list(range(b * per_seq, (b + 1) * per_seq)) for b in range(B)]
@@ -74,7 +74,7 @@ def generate_engine(engine, prompts: torch.Tensor, new_tokens: int) -> list[list
 
 
 def main(argv: list[str] | None = None) -> int:
-    from transformers import GPT2LMHeadModel
+    from transformers import AutoModelForCausalLM
 
     ap = base_parser("python -m bench.vs_transformers", __doc__)
     ap.add_argument("--prompt-tokens", type=int, default=32)
@@ -87,12 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(
         args.checkpoint, device=device, dtype=dtype, kernels=args.kernels if args.kernels != "both" else "auto"
     )
-    hf_model = GPT2LMHeadModel.from_pretrained(args.checkpoint, dtype=dtype).to(device).eval()
-    limit = model.config.n_positions
+    hf_model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=dtype).to(device).eval()
+    limit = model.config.context_length
     new_tokens = min(16 if args.quick else args.new_tokens, limit - args.prompt_tokens)
     repeats = args.repeats or (1 if args.quick else 5)
     batches = [int(b) for b in args.batches.split(",")]
-    eos = model.config.eos_token_id
+    eos = (model.config.eos_token_ids or (0,))[0]
     all_prompts = {
         b: torch.randint(
             0, model.config.vocab_size, (b, args.prompt_tokens), generator=torch.Generator().manual_seed(b)
