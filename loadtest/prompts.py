@@ -98,7 +98,7 @@ def load_prompts(
         "tenants": tenants,
     }
     if tokenizer is not None:
-        lengths = [len(tokenizer.encode(p)) for p in prompts]
+        lengths = [len(tokenizer.encode(p, add_special_tokens=True)) for p in prompts]  # as the server counts them
         note.update(tokens_min=min(lengths), tokens_max=max(lengths), tokens_mean=sum(lengths) / len(lengths))
     else:
         note["approximate_tokens"] = prompt_tokens

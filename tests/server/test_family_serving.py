@@ -212,3 +212,19 @@ def test_model_generate_gives_transformers_greedy_tokens(family):
         SamplingParams(max_new_tokens=GREEDY, temperature=0, ignore_eos=True),
     )
     assert [s.token_id for s in steps] == family.greedy(family.hf_tokenizer(PROMPT)["input_ids"], GREEDY)
+
+
+def test_the_load_tester_runs_against_a_family_server(family):
+    import asyncio
+
+    from loadtest.client import LoadTestConfig, run_load_test
+    from loadtest.prompts import load_prompts
+
+    prompts, note = load_prompts(3, 12, None, str(family.directory))
+    assert note["tokens_max"] == 12 + (family.name == "llama")  # the BOS the server puts before each
+    config = LoadTestConfig(
+        url=family.server.url, concurrency=(2,), num_requests=3, max_new_tokens=4, request_timeout_s=60, timeout_s=120
+    )
+    (run,) = asyncio.run(run_load_test(config, prompts))["runs"]
+    assert (run["requests_ok"], run["requests_failed"]) == (3, 0), run["errors"]
+    assert [r["server_generated_tokens"] for r in run["requests"]] == [4, 4, 4]
