@@ -2,10 +2,11 @@
 seed and the index of the token it samples, never from a generator's state. A seeded request
 therefore samples the same tokens alone or in any batch, after a retry, or after a preemption.
 
-Per row, in order: penalties (repetition, presence, frequency) on a copy of the logits; greedy rows
-take the argmax; sampled rows divide by the temperature, keep their top-k / nucleus set, and pick by
-inverse CDF with one uniform draw u = splitmix64(seed, index) / 2^64. The reported logprob is the
-chosen token's under the model's unmodified distribution.
+Per row, in order: penalties (repetition, presence, frequency) on a copy of the logits; a row under a
+grammar (structured output) keeps only the tokens its grammar allows; greedy rows take the argmax;
+sampled rows divide by the temperature, keep their top-k / nucleus set, and pick by inverse CDF with
+one uniform draw u = splitmix64(seed, index) / 2^64. The reported logprob is the chosen token's under
+the model's unmodified distribution (a grammar changes which token is picked, not what it is reported).
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from model.grammar import GrammarSpec
 
 # A temperature below this means greedy (smaller ones overflow float32 logits), as in vLLM; it is also the
 # floor the API holds top_p and the repetition penalty at.
@@ -46,6 +51,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int = 0  # top alternatives (and their logprobs) reported for each generated token
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob and its top k alternatives
+    grammar: GrammarSpec | None = None  # structured output: what the generated text must match (model/grammar.py)
 
     def __post_init__(self) -> None:
         checks = [
@@ -133,6 +139,8 @@ class SamplingBatch:
     sampled_rows: torch.Tensor | None  # (s,) int64 rows that sample; None: every row is greedy
     filtered: bool  # some sampled row has top_k or top_p on
     penalties: Penalties | None = None  # None: no row has one
+    allowed_rows: torch.Tensor | None = None  # (c,) int64 rows a grammar restricts; None: no row is restricted
+    allowed: torch.Tensor | None = None  # (c, V) bool, the tokens each of those rows may pick
 
     @classmethod
     def from_params(
@@ -257,6 +265,9 @@ def sample(
     logits = logits.float()
     lse = torch.logsumexp(logits, dim=-1) if logsumexp is None else logsumexp  # (R,)
     scores = logits if batch.penalties is None else batch.penalties.apply(logits)  # (R, V)
+    if batch.allowed is not None:  # the grammar's forbidden tokens can never be picked (new tensor: logits stay)
+        rows = batch.allowed_rows
+        scores = scores.index_put((rows,), scores[rows].masked_fill(~batch.allowed, float("-inf")))  # (R, V)
     tokens = scores.argmax(dim=-1)  # (R,): greedy for every row; sampled rows overwritten below
     if batch.sampled_rows is not None:
         rows = batch.sampled_rows

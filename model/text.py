@@ -53,7 +53,8 @@ class StopMatcher:
 
 class OutputText:
     """One sequence's text and finish reason (FINISH_EOS, FINISH_STOP or FINISH_LENGTH once it is done).
-    Any of the tokenizer's EOS ids ends it (a checkpoint may name several: Llama 3's do)."""
+    Any of the tokenizer's EOS ids ends it (a checkpoint may name several: Llama 3's do), and so does a
+    completed grammar (structured output), which allows nothing but EOS after it: FINISH_EOS as well."""
 
     def __init__(self, tokenizer: Tokenizer, params: SamplingParams) -> None:
         self.params, self.eos_token_ids = params, frozenset(tokenizer.eos_token_ids)
@@ -61,11 +62,13 @@ class OutputText:
         self.num_tokens = 0
         self.finish_reason: str | None = None
 
-    def push(self, token_id: int) -> str:
-        """The text this token completes ('' mid-character or while a stop string may be starting)."""
+    def push(self, token_id: int, complete: bool = False) -> str:
+        """The text this token completes ('' mid-character or while a stop string may be starting).
+        `complete`: the sequence's grammar is matched and allows nothing more, so it ends here as at an EOS."""
         self.num_tokens += 1
         eos = token_id in self.eos_token_ids and not self.params.ignore_eos
         text = "" if eos else self._stops.push(self._decoder.push(token_id))
+        eos = eos or complete
         last = eos or self._stops.matched is not None or self.num_tokens >= self.params.max_new_tokens
         if last and self._stops.matched is None:  # release what was held back: a torn character, a stop prefix
             text += self._stops.push(self._decoder.flush())

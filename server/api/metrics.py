@@ -46,9 +46,19 @@ def finished_reason_label(reason: str) -> str:
     return "stop" if reason in (FINISH_EOS, FINISH_STOP) else reason
 
 
+STRUCTURED_OUTPUT_DOCS = {  # server/engine/counters.py's StructuredOutputCounters, field by field
+    "requests": "Requests taken with a grammar (JSON schema, regex, choice, EBNF, or a forced tool call).",
+    "mask_rows": "Rows whose pick a grammar restricted (speculative drafts' rows included).",
+    "mask_seconds": "Time the engine spent filling grammar masks before each step's forward.",
+    "grammar_compiles": "Grammars compiled (cache misses), the checks at the door included.",
+    "grammar_compile_seconds": "Time spent compiling grammars.",
+    "grammar_cache_hits": "Grammars found already compiled.",
+}
+
+
 class EngineCounterCollector:
-    """Counters the engine keeps itself (prefix cache, preemptions, speculative decoding), read at scrape
-    time (server/engine/counters.py)."""
+    """Counters the engine keeps itself (prefix cache, preemptions, structured output, speculative decoding),
+    read at scrape time (server/engine/counters.py)."""
 
     def __init__(self, model_name: str, read: Callable[[], EngineCounters]) -> None:
         self.model_name, self.read = model_name, read
@@ -67,6 +77,9 @@ class EngineCounterCollector:
         yield self._counter(
             "num_preemptions", "Requests preempted (blocks freed, recomputed later).", c.num_preemptions
         )
+        structured = c.structured_output
+        for name, doc in STRUCTURED_OUTPUT_DOCS.items():
+            yield self._counter(f"structured_output_{name}", doc, getattr(structured, name))
         spec = c.spec_decode
         if spec is None:
             return

@@ -15,6 +15,7 @@ import torch
 
 from model import kernels
 from model.description import InferenceModel, ModelDescription
+from model.grammar import GrammarCompiler
 from model.kv_cache import PagedKVCache, kv_cache_blocks, resolve_kv_cache_dtype
 from model.tokenizer import Tokenizer
 from server.engine.block_manager import BlockManager
@@ -91,6 +92,8 @@ class EngineCore:
                 "in the last bits, so the output may differ from decoding without it"
             )
         self.outputs = OutputProcessor(tokenizer)
+        self.grammars = GrammarCompiler.shared(tokenizer, self.model_config.vocab_size)  # structured output's
+        self.structured_requests = 0  # requests taken with a grammar, since start
         self.handover = LoopHandover(config.stream_interval_ms / 1000)  # events to event loops (sinks.py)
 
     # ---- one step: schedule -> execute -> update --------------------------------------------------
@@ -141,8 +144,14 @@ class EngineCore:
             if s.error is not None:
                 self._fail(req, s.error, events)
                 continue
+            complete = False
+            if req.grammar is not None:  # the matcher follows the kept token (the pick allowed only those)
+                if not req.grammar.accept(s.token_id):
+                    self._fail(req, f"its grammar refused token {s.token_id}: {req.grammar.error}", events)
+                    continue
+                complete = req.grammar.complete
             try:
-                out = self.outputs.append(req, s.token_id, s.logprob, s.top)
+                out = self.outputs.append(req, s.token_id, s.logprob, s.top, complete)
             except Exception as e:
                 self._fail(req, f"{type(e).__name__}: {e}", events)
                 continue

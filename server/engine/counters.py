@@ -27,6 +27,18 @@ class SpecDecodeCounters:
 
 
 @dataclass(frozen=True)
+class StructuredOutputCounters:
+    """Structured output's totals since start: requests under a grammar, their masks, grammar compiles."""
+
+    requests: int = 0  # requests taken with a grammar (a JSON schema, regex, choice, EBNF, or a forced tool call)
+    mask_rows: int = 0  # rows whose pick a grammar restricted (speculative drafts' rows included)
+    mask_seconds: float = 0.0  # time the engine spent filling those masks, before each step's forward
+    grammar_compiles: int = 0  # grammars compiled (cache misses), the API's checks at the door included
+    grammar_compile_seconds: float = 0.0  # time spent compiling them
+    grammar_cache_hits: int = 0  # grammars found compiled
+
+
+@dataclass(frozen=True)
 class EngineCounters:
     """The engine's totals since start, read when /metrics is scraped."""
 
@@ -34,12 +46,19 @@ class EngineCounters:
     prefix_cache_hits: int = 0  # of those, tokens served from the prefix cache
     num_preemptions: int = 0  # requests preempted (blocks freed, recomputed later)
     spec_decode: SpecDecodeCounters | None = None  # None: the engine does not speculate
+    structured_output: StructuredOutputCounters = StructuredOutputCounters()
 
     @classmethod
     def from_dict(cls, fields: dict) -> EngineCounters:
         """One from `dataclasses.asdict`'s form, by field name (a replica's report carries it so)."""
-        spec = fields.get("spec_decode")
-        return cls(**{**fields, "spec_decode": None if spec is None else SpecDecodeCounters.from_dict(spec)})
+        spec, structured = fields.get("spec_decode"), fields.get("structured_output")
+        return cls(
+            **{
+                **fields,
+                "spec_decode": None if spec is None else SpecDecodeCounters.from_dict(spec),
+                "structured_output": StructuredOutputCounters(**(structured or {})),
+            }
+        )
 
     @classmethod
     def summed(cls, parts: Sequence[EngineCounters]) -> EngineCounters:

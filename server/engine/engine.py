@@ -36,7 +36,7 @@ from server.engine.admission import check_fits
 from server.engine.attention_rows import generated_token_rows
 from server.engine.config import EngineConfig, EngineInfo
 from server.engine.core import EngineCore
-from server.engine.counters import EngineCounters
+from server.engine.counters import EngineCounters, StructuredOutputCounters
 from server.engine.kv_view import KVSnapshot, kv_snapshot
 from server.engine.request import Request, Sink, TokenOutput
 from server.engine.scheduler import SchedulerStats
@@ -122,11 +122,20 @@ class Engine(EngineCore):
     def counters(self) -> EngineCounters:
         """The engine's running totals for /metrics (the spec-decode ones when it speculates)."""
         s = self.scheduler.stats
+        masks, compiles = self.runner.sampler.mask_stats, self.grammars.stats
         return EngineCounters(
             prefix_cache_queries=s.prefix_cache_queries,
             prefix_cache_hits=s.prefix_cache_hits,
             num_preemptions=s.preemptions,
             spec_decode=None if self.drafter is None else self.drafter.stats.snapshot(),
+            structured_output=StructuredOutputCounters(
+                requests=self.structured_requests,
+                mask_rows=masks.rows,
+                mask_seconds=masks.seconds,
+                grammar_compiles=compiles.compiles,
+                grammar_compile_seconds=compiles.seconds,
+                grammar_cache_hits=compiles.hits,
+            ),
         )
 
     @property
@@ -200,7 +209,9 @@ class Engine(EngineCore):
         return self._enqueue(reqs)
 
     def _request(self, prompt_ids, params, sink, use_cache, request_id, cache_salt, speculative) -> Request:
+        """A Request for `params`; with a grammar, its matcher (GrammarError if the grammar does not compile)."""
         seed = resolve_seed(params.seed)
+        grammar = None if params.grammar is None else self.grammars.matcher(params.grammar)
         req = Request(
             prompt_ids,
             params,
@@ -210,7 +221,9 @@ class Engine(EngineCore):
             cache_salt=cache_salt,
             request_id=request_id,
             speculative=speculative,
+            grammar=grammar,
         )
+        self.structured_requests += grammar is not None
         self.outputs.start(req)
         return req
 

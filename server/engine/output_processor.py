@@ -22,16 +22,22 @@ class OutputProcessor:
         req.output = OutputText(self.tokenizer, req.params)
 
     def append(
-        self, req: Request, token_id: int, logprob: float, top: list[tuple[int, float]] | None = None
+        self,
+        req: Request,
+        token_id: int,
+        logprob: float,
+        top: list[tuple[int, float]] | None = None,
+        complete: bool = False,
     ) -> TokenOutput:
-        """Records a sampled token and returns its event; sets finish_reason on the last one. The first
-        event carries the prompt's logprobs when the request asked for them."""
+        """Records a sampled token and returns its event; sets finish_reason on the last one (`complete`: the
+        request's grammar is matched, so this token is its last). The first event carries the prompt's
+        logprobs when the request asked for them."""
         first = req.num_output_tokens == 0
         now = time.perf_counter()
         if first:
             req.stats.first_token = now
         req.token_ids.append(token_id)
-        text = req.output.push(token_id)
+        text = req.output.push(token_id, complete)
         req.finish_reason = req.output.finish_reason  # stop, eos or length once done
         req.stats.generated_tokens = req.num_output_tokens
         return TokenOutput(

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from model.grammar import GrammarMatcher
 from model.sampling import SamplingParams
 
 # Why a request ended: named once, in model.text; imported from here by the engine's modules.
@@ -110,6 +111,7 @@ class Request:
         cache_salt: str | None = None,
         request_id: str | None = None,
         speculative: bool = True,
+        grammar: GrammarMatcher | None = None,
     ) -> None:
         self.request_id = request_id or f"req-{next(_ids)}"
         self.token_ids = list(prompt_ids)  # the prompt, then every generated token
@@ -132,6 +134,7 @@ class Request:
         self.speculative = speculative and use_cache  # may draft, when the engine speculates
         self.draft: list[int] = []  # tokens proposed for its next step (the drafter's), verified there
         self.draft_state = None  # the drafter's per-request state (server/engine/speculative.py)
+        self.grammar = grammar  # structured output: where its tokens so far stand in its grammar; None: free text
 
     @property
     def num_tokens(self) -> int:

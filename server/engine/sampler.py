@@ -8,16 +8,22 @@ and hands back one `SamplingArgs`; `sample` makes the pick: the exact greedy ker
 (argmax and normalizer in one pass), then the torch path for the rows that sample or are penalized,
 then the top alternatives for the rows that ask. The pick is packed into one (R, 3 + 2K) float64
 tensor, the step's one copy back, and unpacked below it into `Sampled` rows.
+
+Structured output: `prepare` fills the bitmask of every row whose request has a grammar (model/grammar.py),
+the rows of its speculative draft included, in one call before the step's forward, and the pick keeps each
+such row to the tokens its grammar allows. The matchers follow the tokens kept in the engine's update.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from model import kernels
+from model.grammar import allowed_tokens, bitmask_words, fill_bitmasks
 from model.sampling import MAX_LOGPROBS, Penalties, SamplingBatch, sample, top_logprobs, uniform_draws
 from server.engine.input_buffers import InputBuffers
 from server.engine.request import Request
@@ -40,6 +46,9 @@ class SamplingArgs:
     drafts: list[list[int]] | None = None  # per request (in order, once each), the draft it verifies; None: none
     draft_history: list[tuple[int, list[int]]] | None = None  # (row i, draft tokens before it) of penalized drafts
     keeps_history: list[bool] | None = None  # (R,) rows whose pick joins their history now; None: the penalized
+    masked_rows: torch.Tensor | None = None  # (c,) int64 rows a grammar restricts; None: none is
+    allowed: torch.Tensor | None = None  # (c, V) bool, the tokens each of those rows may pick
+    grammar_errors: dict[int, str] | None = None  # row -> why its request's grammar cannot go on (it fails)
 
 
 @dataclass
@@ -50,6 +59,14 @@ class Sampled:
     cached: bool = False  # an accepted draft token: its keys and values are in the cache already
     error: str | None = None  # set when this row's logits were unusable (NaN, inf): the token means nothing
     top: list[tuple[int, float]] | None = None  # the most likely tokens and their logprobs, when asked for
+
+
+@dataclass
+class MaskStats:
+    """Running totals of the grammar masks, read by /metrics."""
+
+    rows: int = 0  # rows whose pick a grammar restricted (a draft's rows included)
+    seconds: float = 0.0  # time spent filling those masks and unpacking them
 
 
 class Sampler:
@@ -80,6 +97,8 @@ class Sampler:
         self._bias: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # row -> its logit_bias ids, values
         self._results = torch.zeros((M, RESULT_COLUMNS + 2 * MAX_LOGPROBS), dtype=torch.float64, device=device)
         self._lse = torch.zeros(M, dtype=torch.float32, device=device)
+        self._bitmask = np.full((M, bitmask_words(vocab_size)), -1, dtype=np.int32)  # grammar rows' allowed tokens
+        self.mask_stats = MaskStats()
 
     # ---- rows -------------------------------------------------------------------------------------
 
@@ -118,6 +137,7 @@ class Sampler:
         them (a sampled or penalized row)."""
         self.buffers.wait_copied()
         host, t = self.buffers.host, self.buffers.tensors
+        masks = self._masks(reqs, drafts) if any(r.grammar is not None for r in reqs) else (None, None, None)
         offsets = row_drafts = None
         if drafts is not None:
             offsets = [j for d in drafts for j in range(len(d) + 1)]  # (R,) each row's place in its draft
@@ -139,7 +159,7 @@ class Sampler:
             history = [
                 (i, d[:j]) for i, (r, j, d) in enumerate(zip(reqs, offsets, row_drafts)) if r.params.penalized and j
             ]
-        if sampled or penalized:
+        if sampled or penalized or masks[0] is not None:
             self.buffers.upload()
         return SamplingArgs(
             reqs,
@@ -152,7 +172,34 @@ class Sampler:
             drafts=drafts,
             draft_history=history,
             keeps_history=keeps,
+            masked_rows=masks[0],
+            allowed=masks[1],
+            grammar_errors=masks[2],
         )
+
+    def _masks(
+        self, reqs: list[Request], drafts: list[list[int]] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[int, str] | None]:
+        """The grammar rows of a step: their indices among its R rows (c,), the tokens each may pick (c, V)
+        and the rows whose grammar failed (they may pick anything; their request fails)."""
+        began = time.perf_counter()
+        entries, rows, at = [], [], 0
+        for k, req in enumerate(reqs):
+            draft = drafts[k] if drafts is not None else []
+            if req.grammar is not None:
+                entries.append((req.grammar, at, draft))
+                rows += range(at, at + len(draft) + 1)
+            at += len(draft) + 1
+        fill_bitmasks(entries, self._bitmask)
+        errors = {}
+        for matcher, first, draft in entries:
+            if matcher.error is not None:
+                self._bitmask[first : first + len(draft) + 1] = -1
+                errors.update({r: f"its grammar failed: {matcher.error}" for r in range(first, first + len(draft) + 1)})
+        allowed = allowed_tokens(self._bitmask[rows], self.vocab_size).to(self.device, non_blocking=True)
+        self.mask_stats.rows += len(rows)
+        self.mask_stats.seconds += time.perf_counter() - began
+        return torch.tensor(rows, device=self.device), allowed, errors or None
 
     def commit(self, req: Request, tokens: list[int]) -> None:
         """A drafting penalized request's accepted tokens join its history (a pick of draft rows leaves
@@ -178,7 +225,7 @@ class Sampler:
             out[:, 0] = greedy
             out[:, 1] = logits.gather(1, greedy[:, None])[:, 0] - lse
             out[:, 2] = lse.isfinite()
-        if args.sampled_idx is not None or args.penalized:
+        if args.sampled_idx is not None or args.penalized or args.allowed is not None:
             self._pick_torch(logits, args, out, lse)
         if args.top_k:
             k = args.top_k
@@ -189,13 +236,12 @@ class Sampler:
     @staticmethod
     def unpack(results: torch.Tensor, args: SamplingArgs) -> list[Sampled]:
         """The packed (R, 3 + 2K) results as one Sampled per row: the step's one device-to-host copy."""
-        k, sampled = args.top_k, []
-        for req, row in zip(args.requests, results.tolist()):
+        k, sampled, failed = args.top_k, [], args.grammar_errors or {}
+        for i, (req, row) in enumerate(zip(args.requests, results.tolist())):
             want = req.params.logprobs
             top = list(zip(map(int, row[RESULT_COLUMNS : RESULT_COLUMNS + want]), row[RESULT_COLUMNS + k :][:want]))
-            sampled.append(
-                Sampled(req, int(row[0]), row[1], error=None if row[2] else NON_FINITE, top=top if want else None)
-            )
+            error = failed.get(i) if row[2] else NON_FINITE
+            sampled.append(Sampled(req, int(row[0]), row[1], error=error, top=top if want else None))
         return sampled
 
     def _pick_torch(self, logits: torch.Tensor, args: SamplingArgs, out: torch.Tensor, lse: torch.Tensor) -> None:
@@ -210,6 +256,8 @@ class Sampler:
             sampled_rows=args.sampled_idx,
             filtered=args.filtered,
             penalties=penalties,
+            allowed_rows=args.masked_rows,
+            allowed=args.allowed,
         )
         broken = out[:, 2] == 0  # (R,): such a row fails its request, not the batch
         logits = logits.masked_fill(broken[:, None], 0.0)
