@@ -1,7 +1,7 @@
 """Chat messages to a prompt through the checkpoint's chat template, rendered as `transformers`'
 apply_chat_template renders it: a sandboxed Jinja environment with trim_blocks and lstrip_blocks,
 `raise_exception` available to the template, and the variables messages, add_generation_prompt,
-bos_token and eos_token."""
+bos_token, eos_token and tools."""
 
 from __future__ import annotations
 
@@ -48,11 +48,22 @@ def _compiled(template: str):
 
 
 def render(
-    template: str, messages: list[dict], *, add_generation_prompt: bool = True, bos_token: str = "", eos_token: str = ""
+    template: str,
+    messages: list[dict],
+    *,
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+    tools: list[dict] | None = None,
 ) -> str:
+    """`tools`: the functions the model may call, in OpenAI's form (None without: templates test `tools`)."""
     try:
         return _compiled(template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            tools=tools,
         )
     except TemplateError as e:
         raise ChatTemplateError(f"the chat template failed: {e}") from e

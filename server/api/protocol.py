@@ -91,7 +91,22 @@ def _refuse_unsupported(model: BaseModel, neutral: dict[str, tuple]) -> None:
 
 # ---- TGI ----------------------------------------------------------------------------------------
 
-NEUTRAL = {"typical_p": (None, 1.0), "watermark": (False,), "grammar": (None,), "adapter_id": (None,)}
+NEUTRAL = {"typical_p": (None, 1.0), "watermark": (False,), "adapter_id": (None,)}
+
+
+class TGIGrammar(Strict):
+    """TGI's grammar: the output held to a JSON schema or a regular expression."""
+
+    type: Literal["json", "json_object", "regex"] = Field(
+        description="json (TGI's alias json_object): `value` is a JSON schema; regex: `value` is a regular expression"
+    )
+    value: dict[str, Any] | str = Field(description="the JSON schema (an object, or its JSON text), or the regex")
+
+    @model_validator(mode="after")
+    def _value_fits_type(self) -> TGIGrammar:
+        if self.type == "regex" and not isinstance(self.value, str):
+            raise ValueError("a regex grammar's value is the regular expression, a string")
+        return self
 
 
 class GenerateParameters(Strict):
@@ -136,10 +151,12 @@ class GenerateParameters(Strict):
         le=2,
         description="minus this times the number of times a token was generated, from its logit (OpenAI's definition)",
     )
+    grammar: TGIGrammar | None = Field(
+        None, description="structured output: the generated text matches this JSON schema or regular expression"
+    )
     # TGI fields accepted at their neutral value only (the schema lists it: enum)
     typical_p: float | None = Field(None, json_schema_extra={"enum": list(NEUTRAL["typical_p"])})
     watermark: bool = Field(False, json_schema_extra={"enum": list(NEUTRAL["watermark"])})
-    grammar: Any = Field(None, json_schema_extra={"enum": list(NEUTRAL["grammar"])})
     adapter_id: str | None = Field(None, json_schema_extra={"enum": list(NEUTRAL["adapter_id"])})
 
     @model_validator(mode="after")

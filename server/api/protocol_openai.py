@@ -7,7 +7,7 @@ best_of, logprobs) are checked by the serving code, which names the flag.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -23,6 +23,57 @@ class StreamOptions(Strict):
         description="vLLM's: with include_usage, every chunk also carries "
         "the usage so far of its choice (its prompt and tokens generated so far)",
     )
+
+
+# ---- structured output --------------------------------------------------------------------------
+
+JsonSchema = dict[str, Any]  # a JSON schema, checked when it is compiled (server/api/structured.py)
+
+
+class JsonSchemaFormat(Strict):
+    name: NonEmptyStr = Field(max_length=64, description="the schema's name (OpenAI's; not used otherwise)")
+    description: str | None = None
+    json_schema: JsonSchema = Field(alias="schema", description="the JSON schema the output matches")
+    strict: bool | None = Field(None, description="accepted; the output always matches the schema here")
+
+
+class TextFormat(Strict):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaResponseFormat, Field(discriminator="type")]
+
+
+class StructuredOutputs(Strict):
+    """vLLM's structured_outputs: exactly one of its fields."""
+
+    json_schema: JsonSchema | str | None = Field(
+        None, alias="json", description="a JSON schema (an object, or its JSON text)"
+    )
+    regex: NonEmptyStr | None = None
+    choice: Annotated[list[NonEmptyStr], Field(min_length=1)] | None = Field(None, description="one of these strings")
+    grammar: NonEmptyStr | None = Field(None, description="an EBNF grammar (llama.cpp's GBNF form) or a Lark grammar")
+    json_object: bool | None = Field(None, description="true: any JSON object")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputs:
+        fields = {"json": self.json_schema, "regex": self.regex, "choice": self.choice, "grammar": self.grammar}
+        given = [name for name, value in fields.items() if value is not None] + ["json_object"] * bool(self.json_object)
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs takes exactly one of json, regex, choice, grammar, json_object"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        return self
 
 
 class SamplingFields(Strict):
@@ -50,6 +101,18 @@ class SamplingFields(Strict):
     ignore_eos: bool = False
     timeout: float | None = Field(None, ge=MIN_TIMEOUT_S, description=TIMEOUT_DOC)
     cache_salt: NonEmptyStr | None = Field(None, description=CACHE_SALT_DOC)
+    # structured output (server/api/structured.py): OpenAI's response_format, vLLM's structured_outputs and
+    # its older guided_* fields; at most one of them
+    response_format: ResponseFormat | None = Field(
+        None, description="text; json_object: any JSON object; json_schema: JSON matching json_schema.schema"
+    )
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's: the output matches one of these")
+    guided_json: JsonSchema | str | None = Field(None, description="vLLM's older name for structured_outputs.json")
+    guided_regex: NonEmptyStr | None = Field(None, description="vLLM's older name for structured_outputs.regex")
+    guided_choice: Annotated[list[NonEmptyStr], Field(min_length=1)] | None = Field(
+        None, description="vLLM's older name for structured_outputs.choice"
+    )
+    guided_grammar: NonEmptyStr | None = Field(None, description="vLLM's older name for structured_outputs.grammar")
 
     @property
     def stop_list(self) -> list[str]:
@@ -187,12 +250,50 @@ class ContentPart(BaseModel):
         return self
 
 
+class FunctionCall(Strict):
+    name: NonEmptyStr
+    arguments: str | dict[str, Any] = Field(description="the arguments as JSON text (OpenAI's form), or an object")
+
+
+class MessageToolCall(Strict):
+    """A call an assistant message made (passed to the chat template with its arguments as an object)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[ContentPart] | None = Field(
         "", description="a string, or a list of parts of which only text parts are served (joined by newlines)"
     )
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = Field(None, description="an assistant message's calls")
+    tool_call_id: str | None = Field(None, description="a tool message: the call it answers")
+
+
+class FunctionDefinition(Strict):
+    name: NonEmptyStr = Field(max_length=64)
+    description: str | None = None
+    parameters: JsonSchema | None = Field(
+        None, description="a JSON schema of the arguments (an object); none: the function takes no arguments"
+    )
+    strict: bool | None = Field(None, description="accepted; a forced call's arguments always match parameters")
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(Strict):
+    name: NonEmptyStr
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -204,12 +305,38 @@ class ChatCompletionRequest(SamplingFields):
         None, ge=0, description="with logprobs: alternatives per token (at most --max-logprobs)"
     )
     add_generation_prompt: bool = True  # vLLM's: the template's cue for the assistant's turn
+    tools: list[Tool] | None = Field(None, description="functions the model may call (given to the chat template)")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None,
+        description="none: no call; auto (the default with tools): the model chooses; required: at least one "
+        "call; a named function: one call of it. required and named calls are forced by a grammar",
+    )
+    parallel_tool_calls: bool = Field(True, description="false: at most one call")
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true (as in OpenAI's API and vLLM)")
         return self
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
+        names = [t.function.name for t in self.tools or ()]
+        if self.tool_choice not in (None, "none", "auto") and not names:
+            raise ValueError("tool_choice 'required' or a named function needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise ValueError(
+                f"tool_choice names the function {self.tool_choice.function.name!r}, which is not among the tools "
+                f"({', '.join(repr(n) for n in names)})"
+            )
+        if len(set(names)) != len(names):
+            raise ValueError("tools: two functions have the same name")
+        return self
+
+    @property
+    def effective_tool_choice(self) -> str | NamedToolChoice:
+        """OpenAI's default: auto with tools, none without."""
+        return self.tool_choice or ("auto" if self.tools else "none")
 
     @property
     def max_new_tokens(self) -> int | None:
@@ -230,16 +357,31 @@ class ChatChoiceLogprobs(BaseModel):
     content: list[ChatTokenLogprob]
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None when the answer is tool calls only
+    tool_calls: list[ToolCall] | None = None
+
+
+ChatFinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class ChatChoice(BaseModel):
     index: int
     message: ChatResponseMessage
     logprobs: ChatChoiceLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None
+    finish_reason: ChatFinishReason | None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -251,16 +393,29 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+class DeltaFunction(BaseModel):
+    name: str | None = None  # in a call's first delta
+    arguments: str | None = None  # a fragment of the arguments' JSON text
+
+
+class DeltaToolCall(BaseModel):
+    index: int  # which call of the choice (OpenAI's streams number them from 0)
+    id: str | None = None  # in a call's first delta
+    type: Literal["function"] | None = None  # in a call's first delta
+    function: DeltaFunction
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
     logprobs: ChatChoiceLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: ChatFinishReason | None = None
 
 
 class ChatCompletionChunk(BaseModel):

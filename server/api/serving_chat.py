@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from model.grammar import GrammarSpec
 from model.sampling import SamplingParams
 from server.api.chat_template import ChatTemplateError, ContentError, render, text_content
 from server.api.encoding import encode
@@ -34,15 +35,35 @@ from server.api.protocol_openai import (
     ChatMessage,
     ChatResponseMessage,
     ChatTokenLogprob,
+    DeltaFunction,
+    DeltaToolCall,
+    ToolCall,
+    ToolCallFunction,
 )
 from server.api.seeds import copies_of, seed_for
 from server.api.sse import DONE, NOTHING_YET, error_event, sse, sse_response
+from server.api.structured import check_grammar, checked, openai_grammar
+from server.api.tool_calls import (
+    CallDelta,
+    ToolCallParser,
+    parameters_spec,
+    parse_tool_calls,
+    template_tool_calls,
+    template_tools,
+    tool_grammar,
+)
 from server.engine import FINISH_ERROR, TokenOutput
 
 
-def chat_prompt(engine: EngineClient, messages: list[ChatMessage], add_generation_prompt: bool, model_name: str) -> str:
+def chat_prompt(
+    engine: EngineClient,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool,
+    model_name: str,
+    tools: list[dict] | None = None,
+) -> str:
     """The messages rendered through the checkpoint's chat template (a 400 without one, as vLLM), with the
-    tokenizer's bos_token and eos_token texts as transformers passes them."""
+    tokenizer's bos_token and eos_token texts and the tools as transformers passes them."""
     tokenizer = engine.tokenizer
     template = tokenizer.chat_template
     if template is None:
@@ -59,6 +80,8 @@ def chat_prompt(engine: EngineClient, messages: list[ChatMessage], add_generatio
             fields = message.model_dump(exclude_none=True)
             if "content" in fields:
                 fields["content"] = text_content(fields["content"])
+            if message.tool_calls is not None:
+                fields["tool_calls"] = template_tool_calls(message.tool_calls)
             rendered.append(fields)
         return render(
             template,
@@ -66,12 +89,39 @@ def chat_prompt(engine: EngineClient, messages: list[ChatMessage], add_generatio
             add_generation_prompt=add_generation_prompt,
             bos_token=tokenizer.bos_token or "",
             eos_token=tokenizer.eos_token or "",
+            tools=tools,
         )
     except (ChatTemplateError, ContentError) as e:
         raise APIError(400, str(e), "invalid_request") from e
 
 
-def chat_params(body: ChatCompletionRequest, engine: EngineClient, limits: Limits, prompt_len: int) -> SamplingParams:
+async def chat_grammar(engine: EngineClient, body: ChatCompletionRequest) -> GrammarSpec | None:
+    """The structured output a chat request asks for, checked: response_format and its kin, or the call that
+    tool_choice forces (each function's parameters checked on their own first, so a refusal names the tool)."""
+    asked = openai_grammar(body)
+    choice = body.effective_tool_choice
+    forced = tool_grammar(body.tools or [], choice, body.parallel_tool_calls)
+    if forced is None:
+        return await checked(engine, asked)
+    if asked is not None:
+        raise APIError(
+            422,
+            f"{asked[1]} and a forced tool call (tool_choice) cannot both constrain the output",
+            "validation",
+            reason="grammar",
+        )
+    for i, tool in enumerate(body.tools):
+        await check_grammar(engine, parameters_spec(tool), f"tools[{i}].function.parameters")
+    return await check_grammar(engine, forced, "tools")
+
+
+def chat_params(
+    body: ChatCompletionRequest,
+    engine: EngineClient,
+    limits: Limits,
+    prompt_len: int,
+    grammar: GrammarSpec | None = None,
+) -> SamplingParams:
     temperature = 1.0 if body.temperature is None else body.temperature
     max_new = limits.new_tokens(  # no default of chat's own: what the context leaves
         body.max_new_tokens, "max_tokens", prompt_len=prompt_len, context_length=engine.context_length, default=None
@@ -93,6 +143,7 @@ def chat_params(body: ChatCompletionRequest, engine: EngineClient, limits: Limit
         stop=tuple(body.stop_list),
         ignore_eos=body.ignore_eos,
         logprobs=top,
+        grammar=grammar,
     )
 
 
@@ -125,10 +176,11 @@ async def chat_completion(
 ):
     names.check(body.model)
     limits.check_stop(body.stop_list, "stop")
-    text = chat_prompt(engine, body.messages, body.add_generation_prompt, names.primary)
+    tools = template_tools(body.tools)
+    text = chat_prompt(engine, body.messages, body.add_generation_prompt, names.primary, tools)
     prompt_ids = await encode(engine, text, add_special_tokens=False)  # the template wrote them
     limits.check_prompt(len(prompt_ids))
-    params = chat_params(body, engine, limits, len(prompt_ids))
+    params = chat_params(body, engine, limits, len(prompt_ids), await chat_grammar(engine, body))
     gen = Generation(
         engine,
         metrics,
@@ -150,15 +202,22 @@ async def chat_completion(
             more_ready=gen.has_ready,
         )
     outs = await gen.collect(request)
-    choices = [
-        ChatChoice(
-            index=k,
-            message=ChatResponseMessage(content="".join(o.text for o in tokens_of(events))),
-            logprobs=_logprobs(engine, tokens_of(events), params.logprobs) if body.logprobs else None,
-            finish_reason=OPENAI_FINISH[events[-1].finish_reason],
+    choices = []
+    for k, events in enumerate(outs):
+        text, calls = "".join(o.text for o in tokens_of(events)), None
+        finish = OPENAI_FINISH[events[-1].finish_reason]
+        if _parses_calls(body):
+            text, parsed = parse_tool_calls(text, None if body.parallel_tool_calls else 1)
+            calls = [ToolCall(id=c.id, function=ToolCallFunction(name=c.name, arguments=c.arguments)) for c in parsed]
+            finish = "tool_calls" if calls and finish == "stop" else finish
+        choices.append(
+            ChatChoice(
+                index=k,
+                message=ChatResponseMessage(content=text, tool_calls=calls or None),
+                logprobs=_logprobs(engine, tokens_of(events), params.logprobs) if body.logprobs else None,
+                finish_reason=finish,
+            )
         )
-        for k, events in enumerate(outs)
-    ]
     answer = ChatCompletionResponse(**head, choices=choices, usage=usage_of([prompt_ids], outs, body.n))
     return JSONResponse(answer.model_dump(mode="json"))
 
@@ -183,6 +242,8 @@ async def _chat_events(
     started = [False] * body.n
     choices: list[list[TokenOutput]] = [[] for _ in range(body.n)]
     held: list[list[TokenOutput]] = [[] for _ in range(body.n)]  # tokens whose text is held back, per choice
+    max_calls = None if body.parallel_tool_calls else 1
+    parsers = [ToolCallParser(max_calls) for _ in range(body.n)] if _parses_calls(body) else None
     async for k, out in events:
         choices[k].append(out)
         generated[k] += out.token_id is not None
@@ -197,13 +258,25 @@ async def _chat_events(
             started[k] = True
             yield chunk(index=k, delta=ChatDelta(role="assistant", content=""))
         held[k].append(out)
-        if out.text or out.finished:  # the chunk carries the logprobs of every token since the last one
+        content, calls, finish = out.text, None, OPENAI_FINISH.get(out.finish_reason)
+        if parsers is not None:  # the text as content and tool-call pieces, each call's name first
+            parser = parsers[k]
+            content, deltas = parser.push(out.text)
+            if out.finished:
+                rest, more = parser.finish()
+                content, deltas = content + rest, deltas + more
+                finish = "tool_calls" if parser.result() and finish == "stop" else finish
+            calls = [_delta_call(d) for d in deltas] or None
+        if content or calls or out.finished:  # the chunk carries the logprobs of every token since the last one
             logprobs = _logprobs(engine, held[k], body.top_logprobs or 0) if body.logprobs else None
+            if calls and content:  # content first, then the calls, as separate deltas
+                yield chunk(index=k, delta=ChatDelta(content=content))
+                content = None
             yield chunk(
                 index=k,
-                delta=ChatDelta(content=out.text),
+                delta=ChatDelta(content=content if content or not calls else None, tool_calls=calls),
                 logprobs=logprobs,
-                finish_reason=OPENAI_FINISH.get(out.finish_reason),
+                finish_reason=finish,
             )
             held[k] = []
         else:
@@ -214,3 +287,18 @@ async def _chat_events(
         usage = usage_of([prompt_ids], choices, body.n)
         yield sse(ChatCompletionChunk(**head, choices=[], usage=usage))
     yield DONE
+
+
+def _parses_calls(body: ChatCompletionRequest) -> bool:
+    """Whether the answer is read for tool calls: with tools, unless tool_choice is none."""
+    return bool(body.tools) and body.effective_tool_choice != "none"
+
+
+def _delta_call(d: CallDelta) -> DeltaToolCall:
+    first = d.id is not None
+    return DeltaToolCall(
+        index=d.index,
+        id=d.id,
+        type="function" if first else None,
+        function=DeltaFunction(name=d.name, arguments=d.arguments),
+    )

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from model.grammar import GrammarSpec
 from model.sampling import SamplingParams
 from server.api.encoding import encode
 from server.api.engine_client import EngineClient
@@ -30,12 +31,16 @@ from server.api.protocol_openai import (
 )
 from server.api.seeds import copies_of, seed_for
 from server.api.sse import DONE, NOTHING_YET, error_event, sse_response
+from server.api.structured import checked, openai_grammar
 from server.engine import FINISH_ERROR, TokenOutput
 
 
-def completion_params(r: CompletionRequest, engine: EngineClient, limits: Limits, prompt_len: int) -> SamplingParams:
+def completion_params(
+    r: CompletionRequest, engine: EngineClient, limits: Limits, prompt_len: int, grammar: GrammarSpec | None = None
+) -> SamplingParams:
     """OpenAI's rule: temperature defaults to 1 (sampling); temperature 0 is greedy. A missing max_tokens is
-    OpenAI's 16, cut as Limits.new_tokens says (`prompt_len`: the longest prompt's)."""
+    OpenAI's 16, cut as Limits.new_tokens says (`prompt_len`: the longest prompt's). `grammar`: the structured
+    output asked for, checked (server/api/structured.py)."""
     temperature = 1.0 if r.temperature is None else r.temperature
     max_tokens = limits.new_tokens(
         r.max_tokens,
@@ -62,6 +67,7 @@ def completion_params(r: CompletionRequest, engine: EngineClient, limits: Limits
         ignore_eos=r.ignore_eos,
         logprobs=r.logprobs or 0,
         prompt_logprobs=r.logprobs if r.echo and r.logprobs is not None else (0 if r.max_tokens == 0 else None),
+        grammar=grammar,
     )
 
 
@@ -151,7 +157,8 @@ async def openai_completion(
     names.check(body.model)
     limits.check_stop(body.stop_list, "stop")
     prompts = await prompt_ids_of(engine, body.prompts, limits)
-    params = completion_params(body, engine, limits, max(map(len, prompts)))
+    grammar = await checked(engine, openai_grammar(body))
+    params = completion_params(body, engine, limits, max(map(len, prompts)), grammar)
     n, copies = body.n, body.best_of or body.n
     gen = Generation(
         engine,

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from model.grammar import GrammarSpec
 from model.sampling import SamplingParams
 from server.api.attention_view import attention_of_generation
 from server.api.encoding import encode
@@ -33,15 +34,18 @@ from server.api.protocol import (
 )
 from server.api.seeds import copies_of, seed_for
 from server.api.sse import error_event, sse, sse_response
+from server.api.structured import checked, tgi_grammar
 from server.engine import FINISH_EOS, FINISH_ERROR, FINISH_LENGTH, FINISH_STOP, TokenOutput
 
 TGI_FINISH = {FINISH_LENGTH: "length", FINISH_EOS: "eos_token", FINISH_STOP: "stop_sequence"}
 
 
-def tgi_sampling_params(p: GenerateParameters, prompt_len: int, engine: EngineClient, limits: Limits) -> SamplingParams:
+def tgi_sampling_params(
+    p: GenerateParameters, prompt_len: int, engine: EngineClient, limits: Limits, grammar: GrammarSpec | None = None
+) -> SamplingParams:
     """TGI's rule: sampling happens when do_sample is true, or when temperature (!= 1), top_k or
     top_p (< 1) is given; otherwise decoding is greedy and those fields are ignored. A missing
-    max_new_tokens is TGI's 100, cut as Limits.new_tokens says."""
+    max_new_tokens is TGI's 100, cut as Limits.new_tokens says. `grammar`: parameters.grammar, checked."""
     sampling = p.do_sample or p.temperature not in (None, 1.0) or p.top_k is not None or p.top_p not in (None, 1.0)
     max_new = limits.new_tokens(
         p.max_new_tokens,
@@ -71,6 +75,7 @@ def tgi_sampling_params(p: GenerateParameters, prompt_len: int, engine: EngineCl
         ignore_eos=p.ignore_eos,
         logprobs=p.top_n_tokens or 0,
         prompt_logprobs=0 if p.decoder_input_details else None,
+        grammar=grammar,
     )
 
 
@@ -131,7 +136,8 @@ async def tgi_generate(
     ids = await encode(engine, body.inputs, add_special_tokens=True)
     prompt_ids = ids[-p.truncate :] if p.truncate else ids
     limits.check_prompt(len(prompt_ids))
-    params = tgi_sampling_params(p, len(prompt_ids), engine, limits)
+    grammar = await checked(engine, tgi_grammar(p.grammar))
+    params = tgi_sampling_params(p, len(prompt_ids), engine, limits, grammar)
     best_of = p.best_of or 1
     if p.return_attention and not engine.info.in_process:
         raise APIError(

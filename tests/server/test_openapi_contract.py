@@ -37,8 +37,14 @@ KNOWN_REFUSALS = [
     (r"content parts of type", "a chat content part that is not text (a 400 naming it, by design)"),
     (
         r"best_of > 1 needs sampling|best_of .* must be at least n|cannot be streamed|max_tokens 0 needs echo|"
-        r"continuous_usage_stats needs|only allowed with stream: true|top_logprobs needs logprobs",
+        r"continuous_usage_stats needs|only allowed with stream: true|top_logprobs needs logprobs|"
+        r"needs tools|which is not among the tools|two functions have the same name|takes exactly one of|"
+        r"one structured output per request|cannot both constrain the output|a regex grammar's value",
         "a rule between two fields",
+    ),
+    (
+        r"does not compile: |is not valid JSON: |is not a JSON schema",
+        "a JSON schema, regex or grammar that does not compile (refused naming the field and the reason)",
     ),
 ]
 
