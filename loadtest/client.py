@@ -27,6 +27,8 @@ reports per run (a concurrency level or a request rate, with the KV cache on or 
   makes K such passages and gives each prompt one at random (K tenants' system prompts).
 - ITL by token index: the mean gap before output token i+1, over the requests that reached it;
   uncached, every step recomputes the whole sequence so this grows with i; cached, it stays flat.
+- `--response-format json_object|SCHEMA.json`: a structured-output workload, every request held to any
+  JSON object or to a JSON schema (TGI's parameters.grammar); compare with the same run without it.
 
 Closed loop (`--concurrency 1,4,16`): N clients, each sending its next request when its last one
 ends. Open loop (`--request-rate R`): Poisson arrivals at R requests/s whatever the server does.
@@ -68,6 +70,7 @@ class RequestParams:
     cache_mode: str = "prefix"  # off: use_cache false; kv: a fresh cache_salt per request; prefix: plain
     ignore_eos: bool = True  # ask for exactly max_new_tokens; dropped if the server rejects it
     temperature: float = 0.0  # 0 = greedy
+    grammar: dict | None = None  # TGI's parameters.grammar: structured output (a JSON schema); None: free text
 
     def body(self, prompt: str) -> dict:
         parameters = {"max_new_tokens": self.max_new_tokens, "use_cache": self.cache_mode != "off", "details": True}
@@ -75,6 +78,8 @@ class RequestParams:
             parameters["cache_salt"] = uuid.uuid4().hex  # no prefix reuse across requests
         if self.ignore_eos:
             parameters["ignore_eos"] = True
+        if self.grammar is not None:
+            parameters["grammar"] = self.grammar
         if self.temperature > 0:
             parameters.update(do_sample=True, temperature=self.temperature)
         else:
@@ -252,6 +257,21 @@ class LoadTestConfig:
     ignore_eos: bool = True
     temperature: float = 0.0
     seed: int = 0
+    response_format: str | None = None  # structured output: json_object, or a JSON schema file's path
+
+
+def response_grammar(response_format: str | None) -> dict | None:
+    """TGI's parameters.grammar for --response-format: any JSON object (json_object), or the JSON schema in a
+    file. A request whose grammar completes ends there, before max_new_tokens even with ignore_eos."""
+    if response_format is None:
+        return None
+    if response_format == "json_object":
+        return {"type": "json", "value": {"type": "object"}}
+    try:
+        schema = json.loads(Path(response_format).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--response-format {response_format!r}: not json_object nor a JSON schema file ({e})") from e
+    return {"type": "json", "value": schema}
 
 
 def run_labels(config: LoadTestConfig) -> list[dict]:
@@ -284,6 +304,7 @@ async def run_load_test(
         cache_mode=config.cache_modes[0],
         ignore_eos=config.ignore_eos,
         temperature=config.temperature,
+        grammar=response_grammar(config.response_format),
     )
     params, server_notes = await probe(config.url, prompts[0], params, config.request_timeout_s)
     for mode in config.cache_modes[1:]:
@@ -369,6 +390,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--num-prompts", type=int, default=64, help="distinct prompts cut from the corpus")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--no-ignore-eos", action="store_true", help="let requests end at EOS")
+    ap.add_argument(
+        "--response-format",
+        default=None,
+        metavar="json_object|SCHEMA.json",
+        help="structured output: every request's text is any JSON object, or matches the JSON schema in this "
+        "file (TGI's parameters.grammar); a request ends when its JSON is complete",
+    )
     cache = ap.add_mutually_exclusive_group()
     cache.add_argument(
         "--cache-modes",
@@ -424,6 +452,7 @@ def config_from_args(args: argparse.Namespace) -> LoadTestConfig:
         ignore_eos=not args.no_ignore_eos,
         temperature=args.temperature,
         seed=args.seed,
+        response_format=args.response_format,
     )
 
 
@@ -438,6 +467,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: concurrency, request rate and --num-requests must be positive", file=sys.stderr)
         return 2
     console = Console(stderr=True)
+    try:
+        response_grammar(config.response_format)  # a bad schema file stops here, before any request
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     prompts, prompt_note = load_prompts(
         args.num_prompts,
         args.prompt_tokens,

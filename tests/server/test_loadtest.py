@@ -347,3 +347,43 @@ def test_tenants_give_each_prompt_one_of_k_shared_prefixes(tiny_checkpoint):
     heads = {p.split("\n", 1)[0] for p in prompts}
     assert len(heads) == 3 and note["tenants"] == 3, heads
     assert all(any(p.startswith(h + "\n") for h in heads) for p in prompts)
+
+
+def test_a_response_format_workload_sends_tgi_grammars(tmp_path):
+    import json
+
+    from loadtest.client import response_grammar
+
+    assert response_grammar(None) is None
+    assert response_grammar("json_object") == {"type": "json", "value": {"type": "object"}}
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"]}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    grammar = response_grammar(str(path))
+    assert grammar == {"type": "json", "value": schema}
+    assert RequestParams(grammar=grammar).body("Hi")["parameters"]["grammar"] == grammar
+    assert "grammar" not in RequestParams().body("Hi")["parameters"]
+    with pytest.raises(ValueError, match="not json_object nor a JSON schema file"):
+        response_grammar(str(tmp_path / "missing.json"))
+
+
+def test_a_response_format_run_against_the_real_server_ends_each_request_with_its_json(live, tiny_checkpoint, tmp_path):
+    import asyncio
+    import json
+
+    from loadtest.client import run_load_test
+    from loadtest.prompts import load_prompts
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    (tmp_path / "schema.json").write_text(json.dumps({**schema, "additionalProperties": False}))
+    prompts, _ = load_prompts(2, 8, None, str(tiny_checkpoint))
+    before = live.engine.counters().structured_output.requests
+    config = LoadTestConfig(
+        url=live.url, num_requests=3, max_new_tokens=32, response_format=str(tmp_path / "schema.json"), timeout_s=120
+    )
+    report = asyncio.run(run_load_test(config, prompts))
+    (run,) = report["runs"]
+    assert (run["requests_ok"], run["requests_failed"]) == (3, 0), run["errors"]
+    assert all(r["finish_reason"] == "eos_token" and r["output_tokens"] < 32 for r in run["requests"]), run["requests"]
+    assert live.engine.counters().structured_output.requests >= before + 3  # the probe's request as well
+    assert report["config"]["response_format"] == str(tmp_path / "schema.json")
