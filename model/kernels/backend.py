@@ -1,8 +1,8 @@
 """The interface every set of inference kernels implements, chosen once per model at load.
 
-`GPT.prepare_for_inference` builds one backend (exact or stock today; a quantized and a CUDA one
-fit the same two calls) and `GPT.forward_step` / `GPT.compute_logits` hand each step to it, so no
-other code asks which kernels run.
+`prepare_for_inference` (GPT's, and the decoder families' CausalLM's) builds one backend (exact,
+int8 or stock, each in a GPT-2 and a decoder-family variant; a CUDA one would fit the same two calls)
+and `forward_step` / `compute_logits` hand each step to it, so no other code asks which kernels run.
 """
 
 from __future__ import annotations
