@@ -29,7 +29,9 @@ def test_make_takes_a_torch_index_and_passes_none_by_default():
 
 def make_dry_run(target: str) -> list[str]:
     """The commands `make TARGET` would run, in order (`make -n`: none of them runs)."""
-    out = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    # --no-print-directory: under an outer make (CI's `make test`), make would add "Entering directory" lines
+    command = ["make", "-n", "--no-print-directory", target]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
