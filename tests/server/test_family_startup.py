@@ -78,3 +78,23 @@ def test_the_default_kv_cache_caps_a_context_it_cannot_hold(llama, monkeypatch, 
     assert "serving a context of 96 tokens, not the model's 256" in caplog.text
     assert served_config(config, max_model_len=None, kv_cache_sized=True, **f32).context_length == 256
     assert served_config(config, max_model_len=200, kv_cache_sized=False, **f32).context_length == 200
+
+
+def test_sharded_weights_pass_the_start_up_checks(llama, tmp_path):
+    """A checkpoint whose weights are shards listed by model.safetensors.index.json (no model.safetensors):
+    the files are checked and counted as the weights' size, as one file is."""
+    import transformers
+
+    from server.cli import check_args, kv_cache_memory_problem, parse_args
+
+    directory = tmp_path / "sharded"
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama)
+    model.save_pretrained(directory, max_shard_size="100KB")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (directory / name).write_bytes((llama / name).read_bytes())
+    shards = sorted(directory.glob("model-*.safetensors"))
+    assert len(shards) > 1 and not (directory / "model.safetensors").exists()
+    assert check_args(parse_args(["--checkpoint", str(directory), "--kv-cache-memory", "1MiB"])) is None
+    weights = sum(f.stat().st_size for f in shards)
+    problem = kv_cache_memory_problem(2**40, directory, torch.device("cpu"))
+    assert problem is not None and f"({weights / 2**20:.3g} MiB)" in problem
