@@ -2,12 +2,13 @@
 EBNF or Lark grammar) compiled against a tokenizer, and one matcher per sequence that says which tokens may
 come next (a bitmask, one bit per token) and follows the tokens chosen.
 
-The engine behind this interface is llguidance: a grammar compiles in about a millisecond, masks are computed
-lazily per step, and the package depends on nothing else (BENCHMARKS.md compares it with xgrammar). The rest
+The engine behind this interface is llguidance: grammars compile fast, masks are computed lazily per step,
+and the package depends on nothing else (`python -m bench.structured --compare` times it against xgrammar). The rest
 of the code uses only what is here: `GrammarSpec` (what a request asks for: plain data that travels in its
 SamplingParams), `GrammarCompiler.compile` (a spec checked and compiled, cached by its text in a bounded LRU),
 `GrammarMatcher` (one sequence's state: accept a token, roll back, complete or not), `fill_bitmasks` (a batch's
-masks in one call, rows for speculative drafts included) and `allowed_tokens` (bitmask rows as boolean rows).
+masks, rows for speculative drafts included) and `allowed_tokens` / `forbidden_tokens` (bitmask rows as
+boolean rows).
 """
 
 from __future__ import annotations
@@ -131,35 +132,34 @@ def bitmask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-_executor: llguidance.LLExecutor | None = None
-_executor_lock = threading.Lock()
-
-
 def fill_bitmasks(rows: list[tuple[GrammarMatcher, int, list[int]]], bitmask: np.ndarray) -> None:
-    """Fills the masks of a batch in one call. Each entry (matcher, row, draft) fills bitmask[row] with the
+    """Fills the masks of a batch, on the calling thread (the engine's, before its step's forward: a pool of
+    threads would compete with the kernels' own). Each entry (matcher, row, draft) fills bitmask[row] with the
     tokens allowed now and, for a speculative draft of K tokens, bitmask[row + j] (j = 1..K) with those
     allowed after draft[:j], as long as the grammar allows draft[:j]; rows past a forbidden draft token allow
     every token (their picks are never kept). The matchers end where they started. bitmask: (rows, words)
     int32, C-contiguous."""
-    global _executor
-    if _executor is None:
-        with _executor_lock:
-            _executor = _executor or llguidance.LLExecutor()
-    plain = [(m._m, row) for m, row, draft in rows if not draft]
-    drafted = [(m._m, row, list(draft)) for m, row, draft in rows if draft]
-    for _, row, draft in drafted:
-        bitmask[row + 1 : row + 1 + len(draft)] = -1
-    at, row_bytes, count = bitmask.ctypes.data, bitmask.shape[1] * 4, bitmask.shape[0]
-    if plain:
-        _executor.unsafe_compute_mask_ptr(plain, at, row_bytes, count)
-    if drafted:
-        _executor.unsafe_compute_mask_ptr_with_draft_token(drafted, at, row_bytes, count)
+    for matcher, row, draft in rows:
+        matcher.fill(bitmask, row)
+        if not draft:
+            continue
+        valid = matcher.valid_prefix(draft)
+        bitmask[row + 1 + valid : row + 1 + len(draft)] = -1
+        for j in range(valid):
+            matcher.accept(draft[j])
+            matcher.fill(bitmask, row + 1 + j)
+        matcher.rollback(valid)
 
 
 def allowed_tokens(bitmask: np.ndarray, vocab_size: int) -> torch.Tensor:
     """(rows, words) int32 bitmask rows as (rows, vocab_size) bool: True where the token is allowed."""
     bits = np.unpackbits(np.ascontiguousarray(bitmask).view(np.uint8), axis=1, bitorder="little")  # (rows, 32 * words)
     return torch.from_numpy(bits[:, :vocab_size].view(np.bool_))
+
+
+def forbidden_tokens(bitmask: np.ndarray, vocab_size: int) -> torch.Tensor:
+    """(rows, vocab_size) bool: True where the token is forbidden (what a masked_fill takes)."""
+    return allowed_tokens(~bitmask, vocab_size)
 
 
 @dataclass

@@ -139,8 +139,8 @@ class SamplingBatch:
     sampled_rows: torch.Tensor | None  # (s,) int64 rows that sample; None: every row is greedy
     filtered: bool  # some sampled row has top_k or top_p on
     penalties: Penalties | None = None  # None: no row has one
-    allowed_rows: torch.Tensor | None = None  # (c,) int64 rows a grammar restricts; None: no row is restricted
-    allowed: torch.Tensor | None = None  # (c, V) bool, the tokens each of those rows may pick
+    masked_rows: torch.Tensor | None = None  # (c,) int64 rows a grammar restricts, ascending; None: none is
+    forbidden: torch.Tensor | None = None  # (c, V) bool, the tokens each of those rows may not pick
 
     @classmethod
     def from_params(
@@ -265,9 +265,12 @@ def sample(
     logits = logits.float()
     lse = torch.logsumexp(logits, dim=-1) if logsumexp is None else logsumexp  # (R,)
     scores = logits if batch.penalties is None else batch.penalties.apply(logits)  # (R, V)
-    if batch.allowed is not None:  # the grammar's forbidden tokens can never be picked (new tensor: logits stay)
-        rows = batch.allowed_rows
-        scores = scores.index_put((rows,), scores[rows].masked_fill(~batch.allowed, float("-inf")))  # (R, V)
+    if batch.forbidden is not None:  # what a grammar forbids is never picked (new tensors: the logits stay)
+        rows = batch.masked_rows
+        if len(rows) == len(scores):  # every row: rows is 0..R-1
+            scores = scores.masked_fill(batch.forbidden, float("-inf"))  # (R, V)
+        else:
+            scores = scores.index_put((rows,), scores[rows].masked_fill(batch.forbidden, float("-inf")))  # (R, V)
     tokens = scores.argmax(dim=-1)  # (R,): greedy for every row; sampled rows overwritten below
     if batch.sampled_rows is not None:
         rows = batch.sampled_rows

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from model import kernels
-from model.grammar import allowed_tokens, bitmask_words, fill_bitmasks
+from model.grammar import bitmask_words, fill_bitmasks, forbidden_tokens
 from model.sampling import MAX_LOGPROBS, Penalties, SamplingBatch, sample, top_logprobs, uniform_draws
 from server.engine.input_buffers import InputBuffers
 from server.engine.request import Request
@@ -46,8 +46,8 @@ class SamplingArgs:
     drafts: list[list[int]] | None = None  # per request (in order, once each), the draft it verifies; None: none
     draft_history: list[tuple[int, list[int]]] | None = None  # (row i, draft tokens before it) of penalized drafts
     keeps_history: list[bool] | None = None  # (R,) rows whose pick joins their history now; None: the penalized
-    masked_rows: torch.Tensor | None = None  # (c,) int64 rows a grammar restricts; None: none is
-    allowed: torch.Tensor | None = None  # (c, V) bool, the tokens each of those rows may pick
+    masked_rows: torch.Tensor | None = None  # (c,) int64 rows a grammar restricts, ascending; None: none is
+    forbidden: torch.Tensor | None = None  # (c, V) bool, the tokens each of those rows may not pick
     grammar_errors: dict[int, str] | None = None  # row -> why its request's grammar cannot go on (it fails)
 
 
@@ -173,14 +173,14 @@ class Sampler:
             draft_history=history,
             keeps_history=keeps,
             masked_rows=masks[0],
-            allowed=masks[1],
+            forbidden=masks[1],
             grammar_errors=masks[2],
         )
 
     def _masks(
         self, reqs: list[Request], drafts: list[list[int]] | None
     ) -> tuple[torch.Tensor, torch.Tensor, dict[int, str] | None]:
-        """The grammar rows of a step: their indices among its R rows (c,), the tokens each may pick (c, V)
+        """The grammar rows of a step: their indices among its R rows (c,), the tokens each may not pick (c, V)
         and the rows whose grammar failed (they may pick anything; their request fails)."""
         began = time.perf_counter()
         entries, rows, at = [], [], 0
@@ -196,10 +196,10 @@ class Sampler:
             if matcher.error is not None:
                 self._bitmask[first : first + len(draft) + 1] = -1
                 errors.update({r: f"its grammar failed: {matcher.error}" for r in range(first, first + len(draft) + 1)})
-        allowed = allowed_tokens(self._bitmask[rows], self.vocab_size).to(self.device, non_blocking=True)
+        forbidden = forbidden_tokens(self._bitmask[rows], self.vocab_size).to(self.device)
         self.mask_stats.rows += len(rows)
         self.mask_stats.seconds += time.perf_counter() - began
-        return torch.tensor(rows, device=self.device), allowed, errors or None
+        return torch.tensor(rows, device=self.device), forbidden, errors or None
 
     def commit(self, req: Request, tokens: list[int]) -> None:
         """A drafting penalized request's accepted tokens join its history (a pick of draft rows leaves
@@ -225,7 +225,7 @@ class Sampler:
             out[:, 0] = greedy
             out[:, 1] = logits.gather(1, greedy[:, None])[:, 0] - lse
             out[:, 2] = lse.isfinite()
-        if args.sampled_idx is not None or args.penalized or args.allowed is not None:
+        if args.sampled_idx is not None or args.penalized or args.forbidden is not None:
             self._pick_torch(logits, args, out, lse)
         if args.top_k:
             k = args.top_k
@@ -256,8 +256,8 @@ class Sampler:
             sampled_rows=args.sampled_idx,
             filtered=args.filtered,
             penalties=penalties,
-            allowed_rows=args.masked_rows,
-            allowed=args.allowed,
+            masked_rows=args.masked_rows,
+            forbidden=args.forbidden,
         )
         broken = out[:, 2] == 0  # (R,): such a row fails its request, not the batch
         logits = logits.masked_fill(broken[:, None], 0.0)
