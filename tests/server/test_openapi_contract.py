@@ -33,6 +33,11 @@ KNOWN_REFUSALS = [
         r"\(--max-[a-z-]+( \+ --max-[a-z-]+)?\)",
         "a limit set by a server flag (--max-n, --max-logprobs, --max-prompts, ...)",
     ),
+    (
+        r"seed: Input should be less than or equal to 9223372036854775807",
+        "a seed a few units past 2**63 - 1, which the generator takes as within the bound (a float64 rounds both "
+        "to 2**63); the server compares integers exactly",
+    ),
     (r"has no chat template|the chat template failed", "the checkpoint's chat template (none, or it raised)"),
     (r"content parts of type", "a chat content part that is not text (a 400 naming it, by design)"),
     (
