@@ -1,5 +1,6 @@
 """The playground page in a real headless Chromium against a live server: tokens stream in, Stop frees
-the slot on the server, the attention view draws and highlights the weights the API returns.
+the slot on the server, the attention view draws and highlights the weights the API returns, and the
+JSON-schema box holds the output to a schema.
 
 Needs Debian's `chromium` (/usr/bin/chromium) and the `playwright` Python package; skipped without them.
 Screenshots go to $KVSERVE_ARTIFACTS/playground (default: the system temp folder).
@@ -7,6 +8,7 @@ Screenshots go to $KVSERVE_ARTIFACTS/playground (default: the system temp folder
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -216,6 +218,56 @@ def test_attention_view_draws_the_weights_the_api_returns(page, live, artifacts)
         for t in page.locator("#attention-tokens .tok").evaluate_all("spans => spans.map(s => s.title)")
     ]
     assert all(abs(s - e) <= 1e-4 for s, e in zip(first_head, last_layer[0][query]))
+
+
+NAME_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}},
+    "required": ["name"],
+    "additionalProperties": False,
+}
+
+
+def fill_schema(page, text: str) -> None:
+    page.click("#schema-box summary")  # the box starts collapsed
+    page.fill("#json_schema", text)
+
+
+def test_json_schema_box_sends_a_grammar_and_the_output_matches(page, live):
+    fill_form(page, PROMPT, max_new_tokens="64", temperature="1.5", seed="3")
+    fill_schema(page, json.dumps(NAME_SCHEMA))
+    with page.expect_request("**/generate_stream") as sent:
+        page.click("#generate")
+    assert sent.value.post_data_json["parameters"]["grammar"] == {"type": "json", "value": NAME_SCHEMA}
+    expect(page.locator("#status")).to_contain_text("finished")
+    text = "".join(page.locator("#output .token").all_text_contents())
+    output = json.loads(text)
+    assert set(output) == {"name"} and isinstance(output["name"], str) and len(output["name"]) <= 8, text
+    expect(page.locator("#schema-error")).to_be_hidden()
+
+
+def test_json_schema_box_refuses_text_that_is_not_json_and_sends_nothing(page, live):
+    sent = []
+    page.on("request", lambda request: sent.append(request.url) if "/generate" in request.url else None)
+    fill_form(page, PROMPT, decoding="greedy", max_new_tokens="8")
+    fill_schema(page, '{"type": "object", "properties": ')
+    page.click("#generate")
+    expect(page.locator("#schema-error")).to_be_visible()
+    expect(page.locator("#schema-error")).to_contain_text("not JSON")
+    expect(page.locator("#status")).to_have_text("idle")
+    expect(page.locator("#generate")).to_have_text("Generate")
+
+    # A schema the server cannot use is its refusal (422), shown like any other error; the box empty again,
+    # the request carries no grammar.
+    page.fill("#json_schema", '{"type": "no such type"}')
+    expect(page.locator("#schema-error")).to_be_hidden()
+    page.click("#generate")
+    expect(page.locator("#status")).to_contain_text("error: 422")
+    assert sent == [live.url + "/generate_stream"], sent
+    page.fill("#json_schema", "")
+    with page.expect_request("**/generate_stream") as plain:
+        generate_to_the_end(page)
+    assert "grammar" not in plain.value.post_data_json["parameters"]
 
 
 def wait_until(condition, message: str, attempts: int = 1200) -> None:

@@ -9,6 +9,18 @@ const MAX_STOP = 4; // the server's limit
 let running = null; // { controller, started, firstToken, count } while a generation streams
 let attentionView = null;
 
+/** TGI's `parameters.grammar` for the JSON-schema box: null when the box is empty. Throws a SyntaxError
+ * when its text is not JSON (whether the schema itself is usable is the server's to say). */
+function schemaGrammar() {
+  const text = $("json_schema").value.trim();
+  return text === "" ? null : { type: "json", value: JSON.parse(text) };
+}
+
+function showSchemaError(message) {
+  $("schema-error").textContent = message ?? "";
+  $("schema-error").hidden = message == null;
+}
+
 function requestBody() {
   const number = (id) => ($(id).value === "" ? null : Number($(id).value));
   const sampling = $("decoding").value === "sample";
@@ -29,6 +41,8 @@ function requestBody() {
       seed: number("seed"),
     });
   }
+  const grammar = schemaGrammar();
+  if (grammar) parameters.grammar = grammar;
   return { inputs: $("prompt").value, parameters };
 }
 
@@ -74,7 +88,14 @@ function setRunning(isRunning) {
 }
 
 async function generate() {
-  const body = requestBody();
+  let body;
+  try {
+    body = requestBody();
+  } catch (error) {
+    showSchemaError(`The JSON schema is not JSON: ${error.message}`); // nothing is sent
+    return;
+  }
+  showSchemaError(null);
   const controller = new AbortController();
   running = { controller, started: performance.now(), firstToken: null, count: 0 };
   attentionView?.hide();
@@ -148,6 +169,7 @@ $("request-form").addEventListener("submit", (event) => {
   else generate();
 });
 $("decoding").addEventListener("change", syncDecoding);
+$("json_schema").addEventListener("input", () => showSchemaError(null));
 $("api-key").addEventListener("change", showModelInfo);
 $("show-attention").addEventListener("click", () => attentionView?.show());
 syncDecoding();
