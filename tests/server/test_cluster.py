@@ -4,6 +4,7 @@ extra, which `make test` installs)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -22,6 +23,7 @@ from bench.tiny_checkpoint import main as make_tiny_checkpoint  # noqa: E402
 from server.cluster.app import ClusterSettings, build_app  # noqa: E402
 from server.cluster.env import direct_ingress_env, own_ray_env  # noqa: E402
 from server.engine import EngineConfig  # noqa: E402
+from tests.model.family_checkpoints import family_checkpoint  # noqa: E402
 from tests.server.cluster_http import (  # noqa: E402
     free_port,
     free_ports,
@@ -47,28 +49,42 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-APPS = (  # name, router, replicas, Ray CPUs per replica, engine limits
-    ("kv", "kv", 2, 0.4, {}),
-    ("rr", "round-robin", 2, 0.4, {}),
-    ("small", "kv", 1, 0.2, {"max_num_seqs": 1, "max_waiting": 0}),  # holds one request: the refusals' test
+@pytest.fixture(scope="module")
+def qwen3_checkpoint(tmp_path_factory):
+    """A tiny Qwen3 (grouped-query attention, QK-norm, its chat template and EOS ids; written by transformers,
+    so None where transformers is not installed)."""
+    if importlib.util.find_spec("transformers") is None:
+        return None
+    return family_checkpoint("qwen3", tmp_path_factory.mktemp("cluster_qwen3"))
+
+
+APPS = (  # name, router, replicas, Ray CPUs per replica, engine limits, checkpoint
+    ("kv", "kv", 2, 0.4, {}, "tiny"),
+    ("rr", "round-robin", 2, 0.4, {}, "tiny"),
+    ("small", "kv", 1, 0.2, {"max_num_seqs": 1, "max_waiting": 0}, "tiny"),  # holds one request: the refusals' test
+    ("qwen3", "kv", 1, 0.2, {}, "qwen3"),  # a model family other than GPT-2's: the families' test
 )
 IMBALANCE_THRESHOLD = 4  # under the default (8): the fallback's test has 8 requests in flight at once
 
 
 @pytest.fixture(scope="module")
-def cluster(checkpoint):
-    """Three apps on one local Ray, as `python -m server.cluster` runs it (Serve's direct ingress: each
+def cluster(checkpoint, qwen3_checkpoint):
+    """Four apps on one local Ray, as `python -m server.cluster` runs it (Serve's direct ingress: each
     app's ingress replica serves HTTP on its own port): `kv` at /, `round-robin` at /rr, two replicas
-    each, and `small` at /small, one replica that holds one request. Yields their base URLs by name."""
-    first = free_ports(len(APPS))
-    env = {**own_ray_env(), **direct_ingress_env(first, ports=len(APPS))}
+    each, `small` at /small, one replica that holds one request, and `qwen3` at /qwen3, one replica of
+    a tiny Qwen3 (left out where transformers, which writes it, is not installed). Yields their base URLs
+    by name."""
+    checkpoints = {"tiny": checkpoint, "qwen3": qwen3_checkpoint}
+    apps = [app for app in APPS if checkpoints[app[5]] is not None]
+    first = free_ports(len(apps))
+    env = {**own_ray_env(), **direct_ingress_env(first, ports=len(apps))}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # ray.init hands it to the Ray processes it starts
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
-    for name, router, replicas, cpus, limits in APPS:
+    for name, router, replicas, cpus, limits, model in apps:
         settings = ClusterSettings(
-            checkpoint=checkpoint,
+            checkpoint=checkpoints[model],
             replicas=replicas,
             router=router,
             replica_cpus=cpus,
@@ -78,7 +94,7 @@ def cluster(checkpoint):
         )
         serve.run(build_app(settings), name=name, route_prefix="/" if name == "kv" else f"/{name}", blocking=False)
     urls = {}
-    for port in range(first, first + len(APPS)):
+    for port in range(first, first + len(apps)):
         ((prefix, name),) = wait_routes(port, 240).items()
         urls[name] = f"http://127.0.0.1:{port}" + ("" if prefix == "/" else prefix)
     for url in urls.values():
@@ -124,6 +140,43 @@ def test_two_replicas_answer_what_a_single_server_answers_streamed_and_not(clust
     a, b = (httpx.post(u + "/v1/completions", json=too_many, timeout=60, trust_env=False) for u in (single, cluster))
     assert (b.status_code, b.json()) == (a.status_code, a.json()) and a.status_code == 400, b.text
     assert "max_tokens" in b.json()["error"]["message"] and "KV-cache blocks" in b.json()["error"]["message"]
+
+
+def test_a_qwen3_replica_answers_what_a_single_server_answers_with_its_template_and_context(cluster, qwen3_checkpoint):
+    """A Qwen3 checkpoint (grouped-query attention, QK-norm, no BOS, several EOS ids, its own chat template)
+    served by a replica: greedy tokens and text, streamed and not, the chat answer through the model's
+    template and /info's context length are those of one `python -m server` on the same checkpoint."""
+    if "qwen3" not in cluster:
+        pytest.skip("transformers, which writes the Qwen3 checkpoint, is not installed")
+    url, single = cluster["qwen3"], serve_single(qwen3_checkpoint, num_blocks=NUM_BLOCKS)
+    try:
+        params = {"max_new_tokens": 20, "ignore_eos": True, "details": True}
+        body = {"inputs": "To be, or not to be", "parameters": params}
+        one, many = post(single.url, "/generate", body), post(url, "/generate", body)
+        ids = [t["id"] for t in one["details"]["tokens"]]
+        assert [t["id"] for t in many["details"]["tokens"]] == ids and len(ids) == 20
+        assert [t["logprob"] for t in many["details"]["tokens"]] == [t["logprob"] for t in one["details"]["tokens"]]
+        assert many["generated_text"] == one["generated_text"]
+        streamed = stream(url, "/generate_stream", body)
+        assert [e["token"]["id"] for e in streamed] == ids
+        assert streamed[-1]["generated_text"] == one["generated_text"]
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Whether 'tis nobler?"}]
+        chat = {"messages": messages, "max_tokens": 24, "temperature": 0}
+        a, b = post(single.url, "/v1/chat/completions", chat), post(url, "/v1/chat/completions", chat)
+        assert b["choices"][0]["message"] == a["choices"][0]["message"]
+        assert b["choices"][0]["finish_reason"] == a["choices"][0]["finish_reason"]
+        assert b["usage"] == a["usage"]
+        templated = post(single.url, "/tokenize", {"messages": messages})["tokens"]
+        assert post(url, "/tokenize", {"messages": messages})["tokens"] == templated
+        assert a["usage"]["prompt_tokens"] == len(templated)
+        chunks = stream(url, "/v1/chat/completions", chat | {"stream": True})
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+        assert text == a["choices"][0]["message"]["content"]
+        info = httpx.get(url + "/info", timeout=10, trust_env=False).json()
+        assert info["max_total_tokens"] == 256 == single.app.state.kvserve.engine.context_length  # its config's
+        assert info["max_input_tokens"] == httpx.get(single.url + "/info", timeout=10).json()["max_input_tokens"]
+    finally:
+        single.stop()
 
 
 def test_text_that_is_not_unicode_is_refused_at_the_ingress_as_one_server_refuses_it(cluster, single):
