@@ -129,6 +129,12 @@ def wait_for(condition, what: str, timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+def server_command(checkpoint, port: int, *flags: str) -> list[str]:
+    """`python -m server` on the test device with one kernel thread, on 127.0.0.1:port."""
+    checkpoint_flags = ["--checkpoint", str(checkpoint), "--port", str(port)]
+    return [sys.executable, "-m", "server", *checkpoint_flags, "--device", TEST_DEVICE, "--threads", "1", *flags]
+
+
 class ServerProcess:
     """`python -m server` as a child process on a free 127.0.0.1 port (for tests of the process itself:
     signals, exit status, memory)."""
@@ -138,22 +144,7 @@ class ServerProcess:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "server",
-            "--checkpoint",
-            str(checkpoint),
-            "--port",
-            str(port),
-            "--device",
-            TEST_DEVICE,
-            "--threads",
-            "1",
-            "--log-level",
-            "warning",
-            *flags,
-        ]
+        cmd = server_command(checkpoint, port, "--log-level", "warning", *flags)
         self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a full pipe would stall the server
         self.proc = subprocess.Popen(
             cmd, cwd=Path(__file__).parents[2], stdout=self.log, stderr=subprocess.STDOUT, text=True

@@ -9,7 +9,6 @@ import json
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from unittest.mock import MagicMock
@@ -17,7 +16,7 @@ from unittest.mock import MagicMock
 import pytest
 from safetensors.torch import load_file, save_file
 
-from tests.conftest import TEST_DEVICE
+from tests.server.conftest import server_command
 
 ROOT = Path(__file__).parents[2]
 GUARD_S = 120  # only a guard against a hang: a failing start takes seconds
@@ -27,20 +26,7 @@ def run_server(checkpoint: Path, *flags: str) -> subprocess.CompletedProcess:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [
-        sys.executable,
-        "-m",
-        "server",
-        "--checkpoint",
-        str(checkpoint),
-        "--port",
-        str(port),
-        "--device",
-        TEST_DEVICE,
-        "--threads",
-        "1",
-        *flags,
-    ]
+    cmd = server_command(checkpoint, port, *flags)
     try:
         return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=GUARD_S)
     except subprocess.TimeoutExpired as e:
