@@ -8,12 +8,14 @@ whether its keys came from a prefix-cache hit, or whether it was decoded or reco
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import weakref
 from dataclasses import dataclass
 
 import torch
 
+from model.kernels.arena import WeightArena
 from model.kernels.backend import KernelBackend
 from model.kernels.interface import (
     DTYPE_BF16,
@@ -295,8 +297,18 @@ class ExactBackend(KernelBackend):
     quantization: str | None = None  # how the products' weights are stored: None (the model's dtype) or 'int8'
 
     def pack(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
-        """One product's weight (in, out), packed for this backend's kernels."""
+        """One product's weight (in, out), packed for this backend's kernels, in its arena (huge pages)."""
+        return self.arena.hold(self.pack_weight(weight, bias))
+
+    @staticmethod
+    def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
+        """One product's weight (in, out) as this backend's kernels read it."""
         return PackedWeight.pack(weight, bias)
+
+    @functools.cached_property
+    def arena(self) -> WeightArena:
+        """Where this backend's packed weights live (model/kernels/arena.py)."""
+        return WeightArena()
 
     def __init__(self, model) -> None:
         t = model.transformer

@@ -80,5 +80,6 @@ class Int8Backend(ExactBackend):
             raise RuntimeError(f"the int8 kernels do not run here: {why}")
         super().__init__(model)
 
-    def pack(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
+    @staticmethod
+    def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
         return pack_int8(weight, bias)
