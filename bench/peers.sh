@@ -9,6 +9,11 @@
 #   OURS_ARGS flags added to ours (e.g. "--quantization int8 --kv-cache-dtype bfloat16"); KVMEM its
 #             --kv-cache-memory (default 2GiB)
 #   LLAMA_BIN, LLAMA_ARGS  another llama-server build, extra flags (e.g. --no-repack)
+#   MAX_LEN   the context each server is given (default the checkpoint's: GPT-2's n_positions, a family's
+#             max_position_embeddings, 40,960 for Qwen3, which llama-server's 32 slots could not hold)
+#   EXTRA_BODY  a JSON object added to every request (e.g. '{"structured_outputs": {"json": SCHEMA}}', which
+#             vLLM and ours both read); OUTPUT_LEN new tokens a request asks for (default 128); IGNORE_EOS=0
+#             lets requests end at EOS (a finished grammar allows only EOS)
 # llama-server reads DIR-<type>.gguf beside the checkpoint (made by ../shared/peers/convert.py), or for the
 # default checkpoint PEERS_DIR/gguf/model-<type>.gguf. Output tokens/s are counted by each server's own
 # metrics (vllm bench miscounts llama-server's). Summary: OUT_DIR/summary.txt, one JSON line per run.
@@ -23,6 +28,7 @@ ROUNDS=${3:-2}
 NAME=$(basename "$CK")
 # the context: GPT-2's n_positions, the Llama/Qwen families' max_position_embeddings
 NPOS=$(python3 -c "import json, sys; c = json.load(open(sys.argv[1])); print(c.get('n_positions') or c['max_position_embeddings'])" "$CK/config.json")
+NPOS=${MAX_LEN:-$NPOS}
 LLAMA=$PEERS/llama/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-server
 gguf() {  # the GGUF file of one type (f32, f16, q8_0) of this checkpoint; fails when there is none
   if [ -f "$CK-$1.gguf" ]; then echo "$CK-$1.gguf"
@@ -43,7 +49,7 @@ start() {
   case $1 in
     ours) # shellcheck disable=SC2086
       setsid .venv/bin/python -m server --checkpoint "$CK" --port 8100 --log-level warning \
-        --kv-cache-memory "${KVMEM:-2GiB}" ${OURS_ARGS:-} > "$OUT/$1.log" 2>&1 &
+        --kv-cache-memory "${KVMEM:-2GiB}" ${MAX_LEN:+--max-model-len "$MAX_LEN"} ${OURS_ARGS:-} > "$OUT/$1.log" 2>&1 &
       URL=http://127.0.0.1:8100; MODEL=$NAME ;;
     llama-*) local file; file=$(gguf "${1#llama-}") || return 1
       # shellcheck disable=SC2086
@@ -75,9 +81,11 @@ stop() {  # the server this script started last, and its children: SIGTERM, then
 trap stop EXIT
 load() {  # vllm bench serve: concurrency, prompts, result file, seed (each level its own prompts)
   local extra=(--disable-tqdm); case $URL in *:8300) extra+=(--header Connection=close) ;; esac
+  [ "${IGNORE_EOS:-1}" = 0 ] || extra+=(--ignore-eos)
+  [ -z "${EXTRA_BODY:-}" ] || extra+=(--extra-body "$EXTRA_BODY")
   rm -f "$3"  # never read a result an earlier run left
   "$PEERS/vllm/bin/vllm" bench serve --backend openai --base-url "$URL" --endpoint /v1/completions --model "$MODEL" \
-    --tokenizer "$CK" --dataset-name random --random-input-len 64 --random-output-len 128 --ignore-eos \
+    --tokenizer "$CK" --dataset-name random --random-input-len 64 --random-output-len "${OUTPUT_LEN:-128}" \
     --temperature 0 --max-concurrency "$1" --num-prompts "$2" --seed "$4" \
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --save-result --result-dir "$OUT" \
     --result-filename "$(basename "$3")" "${extra[@]}"

@@ -261,6 +261,45 @@ def test_grouped_attention_prefill_row_equals_the_decode_step_and_any_batch():
     assert torch.equal(out[9:49], prefill)
 
 
+@pytest.mark.skipif("avx512" not in CPU_ISAS, reason=f"this CPU lacks avx512 (it has {', '.join(CPU_ISAS)})")
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize(
+    "dtype, cache_dtype",
+    [(torch.float32, torch.float32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16)],
+    ids=["f32", "f32-bf16cache", "bf16"],
+)
+def test_grouped_attention_gives_the_avx2_paths_bits_on_avx512(head_dim, block_size, dtype, cache_dtype):
+    """The 16-lane attention (block sizes of 16s, head_dim of 32s) runs each key's and each output
+    dimension's sequence of the 8-lane one: the same bits, prefill and decode, at any length."""
+    config = GQA.replace(head_dim=head_dim)
+    qkv = rand(70, 10 * head_dim, seed=head_dim + block_size).to(dtype)
+    blocks = [5, 0, 3, 7, 1]
+    sequences = [(0, 70, blocks)]
+    results = {}
+    for level in ("avx2", "avx512"):
+        with forced_isa(level):
+            cache = PagedKVCache(config, 8, block_size, dtype=cache_dtype)
+            prefill = run_gqa(qkv[:69], cache, [(0, 69, blocks)], block_size)
+            decode = run_gqa(qkv[69:], cache, [(69, 1, blocks)], block_size)
+            results[level] = torch.cat([prefill, decode])
+            assert torch.equal(
+                results[level],
+                run_gqa(qkv, PagedKVCache(config, 8, block_size, dtype=cache_dtype), sequences, block_size),
+            )
+    assert torch.equal(results["avx2"], results["avx512"])
+    q = qkv[69, :head_dim].double()  # and both are the attention: query head 0 of the last token, in float64
+    keys = qkv[:, 6 * head_dim : 7 * head_dim].to(cache_dtype).double()
+    values = qkv[:, 8 * head_dim : 9 * head_dim].to(cache_dtype).double()
+    ref = (keys @ q / head_dim**0.5).softmax(0) @ values
+    torch.testing.assert_close(
+        results["avx512"][69, :head_dim].double(),
+        ref,
+        atol=1e-2 if dtype == torch.bfloat16 else 2e-6,
+        rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+    )
+
+
 def test_grouped_attention_refuses_key_value_heads_that_do_not_divide_the_query_heads():
     cache = PagedKVCache(GQA.replace(num_attention_heads=4, num_key_value_heads=4), 2, 16)  # 4 kv heads
     step = StepBatch.build([([0] * 3, 0, [0])], 16)

@@ -22,6 +22,9 @@
 //   out[d]   = (sum over even j + sum over odd j of p[j] v_j[d], each sequential by FMA) / sum
 // Every one depends on n alone.
 //
+// Two paths, the same bits: 8 lanes on AVX2, and 16 on AVX-512 (attend_for), each lane running the same
+// sequence of a key's score or an output dimension's sum.
+//
 // The cache may hold a narrower type than the step's activations (float32 activations over a
 // bfloat16 cache): keys and values are rounded once, when written, and widened exactly when read,
 // so a prefill row and a decode step still read the same values.
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "api.h"
+#include "cpu.h"
 #include "thread_pool.h"
 #include "vec.h"
 
@@ -82,12 +86,47 @@ void write_cache(const T* qkv, C* cache, const Step& s) {
   });
 }
 
-// The next block's keys or values while this one's are read: blocks lie anywhere in the cache, so
-// the hardware prefetcher cannot see the next one coming.
+// Keys and values while earlier blocks are read: blocks lie anywhere in the cache, so the hardware
+// prefetcher cannot see the next one coming, and a block is little work (16 keys of a head), so the one
+// after it would come too late: the loops ask for block b + kAhead while they read block b. The scores'
+// loop asks for the keys and the values, so that the values wait in the cache for the softmax to end.
+constexpr int64_t kAhead = 4;
+
 template <typename T>
 inline void prefetch(const T* p, int64_t elems) {
   const char* c = reinterpret_cast<const char*>(p);
   for (int64_t at = 0; at < elems * int64_t(sizeof(T)); at += 64) _mm_prefetch(c + at, _MM_HINT_T0);
+}
+template <typename T>
+inline void prefetch_l2(const T* p, int64_t elems) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t at = 0; at < elems * int64_t(sizeof(T)); at += 64) _mm_prefetch(c + at, _MM_HINT_T1);
+}
+
+// Where one head's keys ([hd][bs]) and values ([bs][hd]) of each block lie, and the prefetches above.
+template <typename KV>
+struct HeadBlocks {
+  const KV* cache;
+  const int32_t* blocks;
+  int64_t num_blocks, block_elems, key_offset, value_offset, elems;
+  const KV* keys(int64_t b) const { return cache + int64_t(blocks[b]) * block_elems + key_offset; }
+  const KV* values(int64_t b) const { return cache + int64_t(blocks[b]) * block_elems + value_offset; }
+  void ask_keys_values(int64_t b) const {  // block b's keys and values, where there is one
+    if (b >= num_blocks) return;
+    prefetch(keys(b), elems);
+    prefetch_l2(values(b), elems);
+  }
+  void ask_values(int64_t b) const {
+    if (b < num_blocks) prefetch(values(b), elems);
+  }
+};
+
+template <typename KV>
+inline HeadBlocks<KV> head_blocks(const KV* cache, const int32_t* blocks, int64_t n, int64_t head, const Step& s) {
+  const int64_t bs = s.block_size, hd = s.head_dim, C = s.kv_heads * hd;
+  HeadBlocks<KV> h{cache, blocks, (n + bs - 1) / bs, 2 * C * bs, head * hd * bs, C * bs + head * bs * hd, hd * bs};
+  for (int64_t b = 0; b < kAhead; ++b) h.ask_keys_values(b);
+  return h;
 }
 
 // Scores of G groups of 8 keys at once, each group's two chains (even and odd d) as in the order
@@ -111,6 +150,22 @@ inline void score_groups(const float* q, const C* const* keys, int64_t bs, float
   for (int g = 0; g < G; ++g) _mm256_storeu_ps(out[g], _mm256_mul_ps(_mm256_add_ps(even[g], odd[g]), scale));
 }
 
+// The softmax of one (token, head)'s scores in place, as the order above gives it: keys past n (the rest of
+// the last block) count for nothing (-inf, p = 0, never a value read). Returns the sum, in every lane.
+inline __m256 softmax_in_place(float* sc, int64_t n, int64_t padded) {
+  for (int64_t j = n; j < padded; ++j) sc[j] = -INFINITY;
+  __m256 mv = _mm256_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < padded; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(sc + j));
+  const __m256 m = _mm256_set1_ps(hmax8(mv));
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t j = 0; j < padded; j += 8) {
+    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), m));
+    _mm256_storeu_ps(sc + j, p);
+    sum = _mm256_add_ps(sum, p);
+  }
+  return _mm256_set1_ps(hsum8(sum));
+}
+
 // One (token, query head) over key/value head `head`: NV = head_dim / 8 vectors per key, so the sums stay
 // in registers.
 template <int NV, typename T, typename KV>
@@ -118,21 +173,20 @@ void attend_one(const T* q_in, const KV* cache, const int32_t* blocks, int64_t n
                 std::vector<float>& scores, T* out) {
   constexpr int64_t hd = 8 * NV;
   constexpr int kGroups = 4;  // groups of 8 keys scored together: 8 independent chains
-  const int64_t bs = s.block_size, C = s.kv_heads * hd;
-  const int64_t block_elems = 2 * C * bs;
+  const int64_t bs = s.block_size;
+  const HeadBlocks<KV> hb = head_blocks(cache, blocks, n, head, s);
   alignas(32) float q[hd];
   for (int64_t d = 0; d < hd; ++d) q[d] = to_f32(q_in[d]);
   const int64_t padded = (n + bs - 1) / bs * bs;
   if (int64_t(scores.size()) < padded) scores.resize(size_t(padded));
   float* sc = scores.data();
   const __m256 scale = _mm256_set1_ps(s.scale);
-  const int64_t num_blocks = (n + bs - 1) / bs;
   const KV* group_keys[kGroups];
   float* group_out[kGroups];
   int pending = 0;
   for (int64_t j0 = 0, b = 0; j0 < n; j0 += bs, ++b) {
-    const KV* keys = cache + int64_t(blocks[b]) * block_elems + head * hd * bs;  // [hd][bs]
-    if (b + 1 < num_blocks) prefetch(cache + int64_t(blocks[b + 1]) * block_elems + head * hd * bs, hd * bs);
+    const KV* keys = hb.keys(b);  // [hd][bs]
+    hb.ask_keys_values(b + kAhead);
     for (int64_t c = 0; c < bs; c += 8) {
       group_keys[pending] = keys + c;
       group_out[pending] = sc + j0 + c;
@@ -155,24 +209,13 @@ void attend_one(const T* q_in, const KV* cache, const int32_t* blocks, int64_t n
     default:
       break;
   }
-  // keys past n (the rest of the last block) count for nothing: -inf scores, never a value read
-  for (int64_t j = n; j < padded; ++j) sc[j] = -INFINITY;
-  __m256 mv = _mm256_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < padded; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(sc + j));
-  const __m256 m = _mm256_set1_ps(hmax8(mv));
-  __m256 sum = _mm256_setzero_ps();
-  for (int64_t j = 0; j < padded; j += 8) {
-    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), m));
-    _mm256_storeu_ps(sc + j, p);
-    sum = _mm256_add_ps(sum, p);
-  }
-  const __m256 total = _mm256_set1_ps(hsum8(sum));
+  const __m256 total = softmax_in_place(sc, n, padded);
   __m256 even[NV], odd[NV];  // keys at even and odd positions (block_size is even, so offsets share the parity)
 #pragma GCC unroll 16
   for (int c = 0; c < NV; ++c) even[c] = odd[c] = _mm256_setzero_ps();
   for (int64_t j0 = 0, b = 0; j0 < n; j0 += bs, ++b) {
-    const KV* values = cache + int64_t(blocks[b]) * block_elems + C * bs + head * bs * hd;  // [bs][hd]
-    if (b + 1 < num_blocks) prefetch(cache + int64_t(blocks[b + 1]) * block_elems + C * bs + head * bs * hd, bs * hd);
+    const KV* values = hb.values(b);  // [bs][hd]
+    hb.ask_values(b + kAhead);
     const int64_t len = std::min(bs, n - j0);
     int64_t o = 0;
     for (; o + 1 < len; o += 2) {
@@ -193,11 +236,130 @@ void attend_one(const T* q_in, const KV* cache, const int32_t* blocks, int64_t n
   for (int c = 0; c < NV; ++c) store8(out + 8 * c, _mm256_div_ps(_mm256_add_ps(even[c], odd[c]), total));
 }
 
+// The same (token, head) on AVX-512, twice the lanes: 16 keys' scores per FMA (a block of 16 keys is one
+// 16-lane row of a dimension), 16 of the output's dimensions per FMA. Each lane runs the sequence of the
+// 8-lane code above (a key's two chains over d, then even + odd, then the scale; an output dimension's two
+// chains over j, then even + odd, over the sum), and the softmax between them is that code's: the two paths
+// give the same bits. Needs block_size % 16 == 0 and head_dim % 32 == 0 (attend_for).
+namespace avx512 {
+
+using kv::avx512::high_half;
+using kv::avx512::load16;
+using kv::avx512::low_half;
+
+template <int G, int HD, typename C>
+KV_TARGET_AVX512 inline void score_groups16(const float* q, const C* const* keys, int64_t bs, float* const* out,
+                                            __m512 scale) {
+  __m512 even[G], odd[G];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int64_t d = 0; d < HD; d += 2) {
+    const __m512 qe = _mm512_set1_ps(q[d]), qo = _mm512_set1_ps(q[d + 1]);
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      even[g] = _mm512_fmadd_ps(qe, load16(keys[g] + d * bs), even[g]);
+      odd[g] = _mm512_fmadd_ps(qo, load16(keys[g] + (d + 1) * bs), odd[g]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) _mm512_storeu_ps(out[g], _mm512_mul_ps(_mm512_add_ps(even[g], odd[g]), scale));
+}
+
+template <typename T>
+KV_TARGET_AVX512 inline void store16(T* p, __m512 v) {
+  store8(p, low_half(v));
+  store8(p + 8, high_half(v));
+}
+
+template <int NV, typename T, typename KV>
+KV_TARGET_AVX512 void attend_one(const T* q_in, const KV* cache, const int32_t* blocks, int64_t n, int64_t head,
+                                 const Step& s, std::vector<float>& scores, T* out) {
+  constexpr int64_t hd = 8 * NV, nw = NV / 2;  // nw 16-lane vectors per key
+  constexpr int kGroups = 4;                   // groups of 16 keys scored together: 8 independent chains
+  const int64_t bs = s.block_size;
+  const HeadBlocks<KV> hb = head_blocks(cache, blocks, n, head, s);
+  alignas(64) float q[hd];
+  for (int64_t d = 0; d < hd; ++d) q[d] = to_f32(q_in[d]);
+  const int64_t padded = (n + bs - 1) / bs * bs;
+  if (int64_t(scores.size()) < padded) scores.resize(size_t(padded));
+  float* sc = scores.data();
+  const __m512 scale = _mm512_set1_ps(s.scale);
+  const KV* group_keys[kGroups];
+  float* group_out[kGroups];
+  int pending = 0;
+  for (int64_t j0 = 0, b = 0; j0 < n; j0 += bs, ++b) {
+    const KV* keys = hb.keys(b);  // [hd][bs]
+    hb.ask_keys_values(b + kAhead);
+    for (int64_t c = 0; c < bs; c += 16) {
+      group_keys[pending] = keys + c;
+      group_out[pending] = sc + j0 + c;
+      if (++pending == kGroups) {
+        score_groups16<kGroups, hd>(q, group_keys, bs, group_out, scale);
+        pending = 0;
+      }
+    }
+  }
+  switch (pending) {
+    case 1:
+      score_groups16<1, hd>(q, group_keys, bs, group_out, scale);
+      break;
+    case 2:
+      score_groups16<2, hd>(q, group_keys, bs, group_out, scale);
+      break;
+    case 3:
+      score_groups16<3, hd>(q, group_keys, bs, group_out, scale);
+      break;
+    default:
+      break;
+  }
+  const __m512 total = _mm512_broadcast_f32x8(softmax_in_place(sc, n, padded));
+  __m512 even[nw], odd[nw];
+#pragma GCC unroll 16
+  for (int c = 0; c < nw; ++c) even[c] = odd[c] = _mm512_setzero_ps();
+  for (int64_t j0 = 0, b = 0; j0 < n; j0 += bs, ++b) {
+    const KV* values = hb.values(b);  // [bs][hd]
+    hb.ask_values(b + kAhead);
+    const int64_t len = std::min(bs, n - j0);
+    int64_t o = 0;
+    for (; o + 1 < len; o += 2) {
+      const __m512 pe = _mm512_set1_ps(sc[j0 + o]), po = _mm512_set1_ps(sc[j0 + o + 1]);
+#pragma GCC unroll 16
+      for (int c = 0; c < nw; ++c) {
+        even[c] = _mm512_fmadd_ps(pe, load16(values + o * hd + 16 * c), even[c]);
+        odd[c] = _mm512_fmadd_ps(po, load16(values + (o + 1) * hd + 16 * c), odd[c]);
+      }
+    }
+    if (o < len) {
+      const __m512 pe = _mm512_set1_ps(sc[j0 + o]);
+#pragma GCC unroll 16
+      for (int c = 0; c < nw; ++c) even[c] = _mm512_fmadd_ps(pe, load16(values + o * hd + 16 * c), even[c]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int c = 0; c < nw; ++c) store16(out + 16 * c, _mm512_div_ps(_mm512_add_ps(even[c], odd[c]), total));
+}
+
+}  // namespace avx512
+
 template <typename T, typename KV>
 using AttendFn = void (*)(const T*, const KV*, const int32_t*, int64_t, int64_t, const Step&, std::vector<float>&, T*);
 
+// The AVX-512 path where the kernels may use it and the shapes allow, else the AVX2 one (the same bits).
 template <typename T, typename KV>
-AttendFn<T, KV> attend_for(int64_t head_dim) {
+AttendFn<T, KV> attend_for(int64_t head_dim, int64_t block_size) {
+  if (block_size % 16 == 0 && kernel_path(KV_WEIGHT_F32) == KV_PATH_AVX512) {
+    switch (head_dim) {
+      case 32:
+        return avx512::attend_one<4, T, KV>;
+      case 64:
+        return avx512::attend_one<8, T, KV>;
+      case 128:
+        return avx512::attend_one<16, T, KV>;
+      default:
+        break;
+    }
+  }
   switch (head_dim) {
     case 8:
       return attend_one<1, T, KV>;
@@ -221,7 +383,7 @@ void paged_attention(const T* qkv, KV* cache, const Step& s, T* out) {
   std::vector<int32_t> seq_of(size_t(s.tokens));
   for (int64_t q = 0; q < s.seqs; ++q)
     for (int32_t i = s.query_start[q]; i < s.query_start[q + 1]; ++i) seq_of[size_t(i)] = int32_t(q);
-  const AttendFn<T, KV> attend = attend_for<T, KV>(s.head_dim);
+  const AttendFn<T, KV> attend = attend_for<T, KV>(s.head_dim, s.block_size);
   // A task is a token and a span of its heads: all of them (the heads of a block sit side by side)
   // when there are tokens enough to keep every thread busy, one each otherwise.
   const int64_t span = s.tokens >= 2 * ThreadPool::instance().num_threads() ? s.heads : 1;
@@ -250,7 +412,7 @@ int kv_paged_attention(int dtype, int cache_dtype, const void* qkv, int64_t toke
   using kv::bf16;
   const kv::Step s{tokens,      heads,    kv_heads,     head_dim,           block_size, slot_mapping, seqs,
                    query_start, seq_lens, block_tables, block_table_stride, seq_rows,   scale};
-  if (kv::attend_for<float, float>(head_dim) == nullptr || block_size % 8 != 0) return -1;
+  if (kv::attend_for<float, float>(head_dim, block_size) == nullptr || block_size % 8 != 0) return -1;
   if (kv_heads <= 0 || heads % kv_heads != 0) return -1;
   if (dtype == KV_DTYPE_F32 && cache_dtype == KV_DTYPE_F32)
     kv::paged_attention(static_cast<const float*>(qkv), static_cast<float*>(cache), s, static_cast<float*>(out));

@@ -94,13 +94,4 @@ inline void finish(const Output<T>& out, int64_t row, int64_t col, __m256 acc[R]
   }
 }
 
-// Code that uses wider instructions than AVX2 lives in a namespace named for them (avx512, avx512_vnni,
-// avx512_bf16, avx_vnni, amx), so that a disassembly shows none outside (tests/model/test_isa.py).
-namespace avx512 {
-KV_TARGET_AVX512 inline __m256 low_half(__m512 v) { return _mm512_castps512_ps256(v); }
-KV_TARGET_AVX512 inline __m256 high_half(__m512 v) {
-  return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-}
-}  // namespace avx512
-
 }  // namespace kv

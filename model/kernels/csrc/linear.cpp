@@ -72,11 +72,7 @@ inline void tile(const float* x, int64_t K, const W* ws, __m256 (&out)[R][2 * S]
 
 namespace avx512 {
 
-KV_TARGET_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-KV_TARGET_AVX512 inline __m512 load16(const bf16* p) {
-  const __m512i widened = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(widened, 16));
-}
+using kv::avx512::load16;
 
 // The same sums as `tile`, one strip per 16-lane register, all four strips of the group at once:
 // acc = fma(x[r][k], W[k][o], acc) for k in order, as on the AVX2 path, so both give the same bits.

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu.h"
+
 namespace kv {
 
 using bf16 = uint16_t;  // the raw bits of a bfloat16: the top half of a float32
@@ -156,5 +158,20 @@ inline __m256 silu8(__m256 x) {
   const __m256 z = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
   return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), z));
 }
+
+// Code that uses wider instructions than AVX2 lives in a namespace named for them (avx512, avx512_vnni,
+// avx512_bf16, avx_vnni, amx), so that a disassembly shows none outside (tests/model/test_isa.py). Here:
+// 16 lanes on AVX-512, widened exactly as load8 does, and the two halves of 16 lanes.
+namespace avx512 {
+KV_TARGET_AVX512 inline __m256 low_half(__m512 v) { return _mm512_castps512_ps256(v); }
+KV_TARGET_AVX512 inline __m256 high_half(__m512 v) {
+  return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+KV_TARGET_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+KV_TARGET_AVX512 inline __m512 load16(const bf16* p) {
+  const __m512i widened = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(widened, 16));
+}
+}  // namespace avx512
 
 }  // namespace kv
