@@ -53,8 +53,11 @@ def reference(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor, per_row: bool =
     return acc.float() * (sx * sw[None]) + b
 
 
-@pytest.fixture(params=[(256, 768), (768, 2304), (40, 200), (3072, 768), (30, 70)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.fixture(
+    params=[(256, 768), (768, 2304), (40, 200), (3072, 768), (30, 70), (64, 576)], ids=lambda s: f"{s[0]}x{s[1]}"
+)
 def weights(request):
+    """Shapes of 2 to 36 groups of 64 columns; 576 columns are 9 groups, which two threads share in halves."""
     K, O = request.param
     return rand(K, O, scale=0.05, seed=1), rand(O, scale=0.1, seed=2)
 

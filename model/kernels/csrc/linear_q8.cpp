@@ -86,21 +86,24 @@ inline int32_t quad(const uint8_t* p) {
 
 namespace avx512_vnni {
 
-// Rows [row, row + R) of the unsigned rows against one group of 64 columns, all four strips.
-template <int R>
+// Rows [row, row + R) of the unsigned rows against NS strips of one group of 64 columns, from strip s0:
+// all four, or a half of a group (see linear_q8_avx512_vnni). A column's sum is the same whichever strips
+// share its loop.
+template <int R, int NS = kStrips>
 KV_TARGET_AVX512_VNNI void rows_by_group(const QuantizedRows& in, const int8_t* wg, const kv_weight& w,
-                                         const Output<float>& out, int64_t row, int64_t col) {
+                                         const Output<float>& out, int64_t row, int64_t col, int s0 = 0) {
   const int64_t Kp = in.Kp, quads = Kp / 4;
-  __m512i acc[R][kStrips];
+  __m512i acc[R][NS];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int s = 0; s < kStrips; ++s) acc[r][s] = _mm512_setzero_si512();
+    for (int s = 0; s < NS; ++s) acc[r][s] = _mm512_setzero_si512();
   const uint8_t* qr = in.q + row * Kp;
+  const int8_t* ws = wg + s0 * quads * 64;
   for (int64_t k = 0; k < quads; ++k) {
 #pragma GCC unroll 4
-    for (int s = 0; s < kStrips; ++s) {
-      const int8_t* wk = wg + (s * quads + k) * 64;
+    for (int s = 0; s < NS; ++s) {
+      const int8_t* wk = ws + (s * quads + k) * 64;
       const __m512i wv = _mm512_loadu_si512(wk);
       if (R > 1) _mm_prefetch(reinterpret_cast<const char*>(wk + kPrefetchAhead * 64), _MM_HINT_T0);
 #pragma GCC unroll 8
@@ -108,56 +111,77 @@ KV_TARGET_AVX512_VNNI void rows_by_group(const QuantizedRows& in, const int8_t* 
         acc[r][s] = _mm512_dpbusd_epi32(acc[r][s], _mm512_set1_epi32(quad(qr + r * Kp + 4 * k)), wv);
     }
   }
-  __m256 sums[R][2 * kStrips];
+  const int64_t first = col + s0 * kStrip;
+  __m256 sums[R][2 * NS];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const __m512 rs = _mm512_set1_ps(in.sx[row + r]);
 #pragma GCC unroll 4
-    for (int s = 0; s < kStrips; ++s) {
-      const int64_t o = col + s * kStrip;
+    for (int s = 0; s < NS; ++s) {
+      const int64_t o = first + s * kStrip;
       const __m512i exact = _mm512_sub_epi32(acc[r][s], _mm512_loadu_si512(w.offset + o));
       const __m512 v = avx512::dequantize16(exact, w.scale + o, rs);
       sums[r][2 * s] = avx512::low_half(v);
       sums[r][2 * s + 1] = avx512::high_half(v);
     }
   }
-  finish<R, 2 * kStrips>(out, row, col, sums);
+  finish<R, 2 * NS>(out, row, first, sums);
 }
 
 }  // namespace avx512_vnni
 
+// Rows [first, end) against NS strips of one group from strip s0, in tiles of up to kRowTile rows.
+template <int NS>
+void vnni_rows(const QuantizedRows& in, const int8_t* wg, const kv_weight& w, const Output<float>& out, int64_t first,
+               int64_t end, int64_t col, int s0) {
+  for (int64_t r = first; r < end; r += kRowTile) {
+    switch (std::min<int64_t>(kRowTile, end - r)) {
+      case 1:
+        avx512_vnni::rows_by_group<1, NS>(in, wg, w, out, r, col, s0);
+        break;
+      case 2:
+        avx512_vnni::rows_by_group<2, NS>(in, wg, w, out, r, col, s0);
+        break;
+      case 3:
+        avx512_vnni::rows_by_group<3, NS>(in, wg, w, out, r, col, s0);
+        break;
+      case 4:
+        avx512_vnni::rows_by_group<4, NS>(in, wg, w, out, r, col, s0);
+        break;
+      case 5:
+        avx512_vnni::rows_by_group<5, NS>(in, wg, w, out, r, col, s0);
+        break;
+      default:
+        avx512_vnni::rows_by_group<6, NS>(in, wg, w, out, r, col, s0);
+        break;
+    }
+  }
+}
+
+// Tasks are groups of 64 columns (and, for many rows, blocks of rows). With one block of rows, groups that
+// do not share out evenly among the threads (SmolLM2's 576 columns are 9 groups) leave one thread a group
+// more than the other: the last (groups % threads) groups then go in halves of two strips, so that each
+// thread reads about as many weights. Halves or wholes, a column's arithmetic is the same.
 void linear_q8_avx512_vnni(const kv_weight& w, const QuantizedRows& in, const Output<float>& out) {
   const auto* weights = static_cast<const int8_t*>(w.data);
   const int64_t rows = in.rows, groups = (w.n_out + kGroup - 1) / kGroup;
   const int64_t row_blocks = rows > 2 * kRowBlock ? (rows + kRowBlock - 1) / kRowBlock : 1;
   const int64_t block = row_blocks == 1 ? rows : kRowBlock;
-  ThreadPool::instance().run(groups * row_blocks, [&](int64_t task) {
-    const int64_t g = task % groups, rb = task / groups;
+  const int64_t threads = ThreadPool::instance().num_threads();
+  const int64_t halved = row_blocks == 1 && groups > threads ? groups % threads : 0;  // the last groups, in halves
+  const int64_t whole = groups - halved;
+  ThreadPool::instance().run(whole * row_blocks + 2 * halved, [&](int64_t task) {
+    const bool half = task >= whole * row_blocks;
+    const int64_t g = half ? whole + (task - whole * row_blocks) / 2 : task % whole;
+    const int64_t rb = half ? 0 : task / whole;
+    const int s0 = half ? int((task - whole * row_blocks) % 2) * 2 : 0;
     const int64_t first = rb * block, end = std::min(rows, first + block);
     const int8_t* wg = weights + g * in.Kp * kGroup;
     const int64_t col = g * kGroup;
-    for (int64_t r = first; r < end; r += kRowTile) {
-      switch (std::min<int64_t>(kRowTile, end - r)) {
-        case 1:
-          avx512_vnni::rows_by_group<1>(in, wg, w, out, r, col);
-          break;
-        case 2:
-          avx512_vnni::rows_by_group<2>(in, wg, w, out, r, col);
-          break;
-        case 3:
-          avx512_vnni::rows_by_group<3>(in, wg, w, out, r, col);
-          break;
-        case 4:
-          avx512_vnni::rows_by_group<4>(in, wg, w, out, r, col);
-          break;
-        case 5:
-          avx512_vnni::rows_by_group<5>(in, wg, w, out, r, col);
-          break;
-        default:
-          avx512_vnni::rows_by_group<6>(in, wg, w, out, r, col);
-          break;
-      }
-    }
+    if (half)
+      vnni_rows<2>(in, wg, w, out, first, end, col, s0);
+    else
+      vnni_rows<kStrips>(in, wg, w, out, first, end, col, 0);
   });
 }
 
