@@ -201,6 +201,25 @@ def greedy(logits: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
     )
 
 
+def greedy_masked(
+    logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
+) -> None:
+    """After `greedy`: the rows `rows` (c,) int64 picked again among the tokens their grammar allows, bitmask
+    (c, words) int32 (bit j % 32 of word j / 32: token j); out and lse as `greedy` left them (csrc/sampling.cpp)."""
+    rows, bitmask = rows.contiguous(), bitmask.contiguous()
+    handle().kv_greedy_masked(
+        logits.data_ptr(),
+        logits.shape[1],
+        rows.data_ptr(),
+        rows.shape[0],
+        bitmask.data_ptr(),
+        bitmask.shape[1],
+        out.data_ptr(),
+        out.stride(0),
+        lse.data_ptr(),
+    )
+
+
 def paged_attention(qkv: torch.Tensor, cache_layer: torch.Tensor, step, n_head: int, block_size: int) -> torch.Tensor:
     """Writes each token's keys/values to its slot, then attends over its sequence's blocks, through
     csrc/attention.cpp. cache_layer: (num_blocks, 2, nkv, bs * hd), whose shape gives the key/value heads

@@ -11,7 +11,9 @@ tensor, the step's one copy back, and unpacked below it into `Sampled` rows.
 
 Structured output: `prepare` fills the bitmask of every row whose request has a grammar (model/grammar.py),
 the rows of its speculative draft included, in one call before the step's forward, and the pick keeps each
-such row to the tokens its grammar allows. The matchers follow the tokens kept in the engine's update.
+such row to the tokens its grammar allows: in a step of greedy rows, through the exact kernels' pick over the
+bitmask itself (one pass a row); otherwise through torch, the mask unpacked to a (c, V) bool. The two pick the
+same token with the same logprob. The matchers follow the tokens kept in the engine's update.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class SamplingArgs:
     draft_history: list[tuple[int, list[int]]] | None = None  # (row i, draft tokens before it) of penalized drafts
     keeps_history: list[bool] | None = None  # (R,) rows whose pick joins their history now; None: the penalized
     masked_rows: torch.Tensor | None = None  # (c,) int64 rows a grammar restricts, ascending; None: none is
-    forbidden: torch.Tensor | None = None  # (c, V) bool, the tokens each of those rows may not pick
+    bitmask: np.ndarray | None = None  # (c, words) int32, the tokens each of those rows may pick (bit per token)
     grammar_errors: dict[int, str] | None = None  # row -> why its request's grammar cannot go on (it fails)
 
 
@@ -173,14 +175,14 @@ class Sampler:
             draft_history=history,
             keeps_history=keeps,
             masked_rows=masks[0],
-            forbidden=masks[1],
+            bitmask=masks[1],
             grammar_errors=masks[2],
         )
 
     def _masks(
         self, reqs: list[Request], drafts: list[list[int]] | None
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[int, str] | None]:
-        """The grammar rows of a step: their indices among its R rows (c,), the tokens each may not pick (c, V)
+    ) -> tuple[torch.Tensor, np.ndarray, dict[int, str] | None]:
+        """The grammar rows of a step: their indices among its R rows (c,), the tokens each may pick (c, words)
         and the rows whose grammar failed (they may pick anything; their request fails)."""
         began = time.perf_counter()
         entries, rows, at = [], [], 0
@@ -196,10 +198,9 @@ class Sampler:
             if matcher.error is not None:
                 self._bitmask[first : first + len(draft) + 1] = -1
                 errors.update({r: f"its grammar failed: {matcher.error}" for r in range(first, first + len(draft) + 1)})
-        forbidden = forbidden_tokens(self._bitmask[rows], self.vocab_size).to(self.device)
         self.mask_stats.rows += len(rows)
         self.mask_stats.seconds += time.perf_counter() - began
-        return torch.tensor(rows, device=self.device), forbidden, errors or None
+        return torch.tensor(rows, device=self.device), self._bitmask[rows], errors or None
 
     def commit(self, req: Request, tokens: list[int]) -> None:
         """A drafting penalized request's accepted tokens join its history (a pick of draft rows leaves
@@ -225,8 +226,10 @@ class Sampler:
             out[:, 0] = greedy
             out[:, 1] = logits.gather(1, greedy[:, None])[:, 0] - lse
             out[:, 2] = lse.isfinite()
-        if args.sampled_idx is not None or args.penalized or args.forbidden is not None:
+        if args.sampled_idx is not None or args.penalized or (args.masked_rows is not None and not self.exact):
             self._pick_torch(logits, args, out, lse)
+        elif args.masked_rows is not None:  # greedy rows a grammar holds: the greedy pick among the allowed tokens
+            kernels.greedy_masked(logits, args.masked_rows, torch.from_numpy(args.bitmask), out, lse)
         if args.top_k:
             k = args.top_k
             ids, values = top_logprobs(logits, lse, k)  # (R, k) each, from the unmodified distribution
@@ -248,6 +251,11 @@ class Sampler:
         """The torch path, for a step with sampled or penalized rows: every row's token and logprob."""
         t, rows = self.buffers.tensors, args.rows
         penalties = self._penalties(args) if args.penalized else None
+        forbidden = None
+        if args.masked_rows is not None:  # the grammar rows' forbidden tokens as a (c, V) bool mask
+            began = time.perf_counter()
+            forbidden = forbidden_tokens(args.bitmask, self.vocab_size).to(self.device)
+            self.mask_stats.seconds += time.perf_counter() - began
         batch = SamplingBatch(
             temperature=t["temperature"][rows],
             top_k=t["top_k"][rows],
@@ -257,7 +265,7 @@ class Sampler:
             filtered=args.filtered,
             penalties=penalties,
             masked_rows=args.masked_rows,
-            forbidden=args.forbidden,
+            forbidden=forbidden,
         )
         broken = out[:, 2] == 0  # (R,): such a row fails its request, not the batch
         logits = logits.masked_fill(broken[:, None], 0.0)

@@ -280,6 +280,38 @@ def test_the_greedy_kernel_picks_the_first_maximum_and_normalizes_in_float32_rou
     assert out[1, 2] == 0.0 and out[0, 2] == 1.0
 
 
+def test_the_masked_greedy_kernel_is_torchs_argmax_of_the_allowed_tokens():
+    """A grammar row's pick over its bitmask: the first maximum among the allowed tokens, as torch's argmax of
+    the row with the others at -inf (the sampler's torch path), and logit - lse in float32; other rows and
+    non-finite rows untouched; no allowed token, or only -inf ones, gives index 0 as torch's argmax does."""
+    V, words = 1000, (1000 + 31) // 32
+    x = rand(6, V, scale=3.0, seed=22)
+    x[4, :] = float("-inf")
+    x[5, 7] = float("nan")
+    allowed = torch.rand(6, V, generator=torch.Generator().manual_seed(23)) < 0.3  # (6, V)
+    allowed[1, x[1].argmax()] = False  # the free pick forbidden
+    allowed[1, 640] = allowed[1, 990] = True
+    x[1, 640] = x[1, 990] = 20.0  # a tie among the allowed: the first wins
+    allowed[3] = False  # nothing allowed
+    allowed[1, 999] = True  # the last token, in the bitmask's last, partly used word
+    bits = torch.zeros(6, words * 32, dtype=torch.bool)
+    bits[:, :V] = allowed
+    weights = 2 ** torch.arange(32, dtype=torch.int64)
+    bitmask = ((bits.view(6, words, 32).long() * weights).sum(-1)).to(torch.int64)
+    bitmask = torch.where(bitmask >= 2**31, bitmask - 2**32, bitmask).to(torch.int32)  # (6, words), bit j % 32
+    out, lse = torch.zeros(6, 3, dtype=torch.float64), torch.zeros(6)
+    kernels.greedy(x, out, lse)
+    free = out.clone()
+    rows = torch.tensor([1, 2, 3, 4, 5])
+    kernels.greedy_masked(x, rows, bitmask[rows], out, lse)
+    scores = x.masked_fill(~allowed, float("-inf"))
+    want = scores.argmax(-1)
+    assert out[0].equal(free[0]) and out[5].equal(free[5])  # not a grammar row; a NaN row
+    assert out[1:4, 0].long().tolist() == want[1:4].tolist() and out[1, 0] == 640 and out[3, 0] == 0
+    assert torch.equal(out[1:4, 1], (x[1:4].gather(1, want[1:4, None])[:, 0] - lse[1:4]).double())
+    assert out[4, 2] == 0.0  # all -inf: not finite, left as the greedy kernel wrote it
+
+
 def test_a_bfloat16_cache_under_float32_activations_is_the_float32_kernel_over_rounded_keys_and_values():
     torch.manual_seed(3)
     qkv = torch.randn(40, 3 * CONFIG.n_embd)

@@ -212,4 +212,9 @@ int kv_decoder_forward(const kv_decoder* m, void* const* cache_layers, int64_t b
 
 // The greedy pick and log-normalizer of each row of float32 logits (csrc/sampling.cpp).
 void kv_greedy(const float* logits, int64_t rows, int64_t V, double* out, int64_t out_stride, float* lse);
+// kv_greedy's pick again for the n rows `rows` that a grammar restricts: the first largest logit among the
+// tokens bitmask row i allows (bit j % 32 of word j / 32), its logprob against lse; rows kv_greedy found
+// non-finite are left as they are.
+void kv_greedy_masked(const float* logits, int64_t V, const int64_t* rows, int64_t n, const int32_t* bitmask,
+                      int64_t words, double* out, int64_t out_stride, const float* lse);
 }

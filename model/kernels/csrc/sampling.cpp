@@ -8,6 +8,7 @@
 // (logit - lse, in float32 as torch computes it for a sampled row) and 1 if lse is finite.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "api.h"
 #include "thread_pool.h"
@@ -45,6 +46,33 @@ void kv_greedy(const float* logits, int64_t rows, int64_t V, double* out, int64_
     lse[r] = normalizer;
     out[out_stride * r + 1] = double(best - normalizer);
     out[out_stride * r + 2] = std::isfinite(normalizer) ? 1.0 : 0.0;
+  });
+}
+
+// The first maximum among the allowed tokens, as torch's argmax of the row with the others set to -inf finds
+// it (none allowed, or all -inf: index 0), and its logprob x - lse in float32, as torch subtracts.
+void kv_greedy_masked(const float* logits, int64_t V, const int64_t* rows, int64_t n, const int32_t* bitmask,
+                      int64_t words, double* out, int64_t out_stride, const float* lse) {
+  kv::ThreadPool::instance().run(n, [&](int64_t i) {
+    const int64_t r = rows[i];
+    double* o = out + out_stride * r;
+    if (o[2] == 0.0) return;  // a row with NaN or inf: its request fails, its pick means nothing
+    const float* x = logits + r * V;
+    const int32_t* allowed = bitmask + i * words;
+    float best = -INFINITY;
+    int64_t at = 0;
+    for (int64_t w = 0; w * 32 < V; ++w) {
+      uint32_t bits;
+      std::memcpy(&bits, allowed + w, 4);
+      while (bits != 0) {  // each allowed token of this word, in order
+        const int64_t j = w * 32 + __builtin_ctz(bits);
+        bits &= bits - 1;
+        if (j >= V) break;
+        if (x[j] > best) best = x[j], at = j;
+      }
+    }
+    o[0] = double(at);
+    o[1] = double(float(x[at] - lse[r]));
   });
 }
 }
