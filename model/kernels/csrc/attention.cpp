@@ -89,18 +89,14 @@ void write_cache(const T* qkv, C* cache, const Step& s) {
 // Keys and values while earlier blocks are read: blocks lie anywhere in the cache, so the hardware
 // prefetcher cannot see the next one coming, and a block is little work (16 keys of a head), so the one
 // after it would come too late: the loops ask for block b + kAhead while they read block b. The scores'
-// loop asks for the keys and the values, so that the values wait in the cache for the softmax to end.
+// loop asks for the keys and (into L2) the values, so that the values wait there for the softmax to end.
 constexpr int64_t kAhead = 4;
 
-template <typename T>
+// Asks for `elems` elements from p into the cache level Hint names (_MM_HINT_T0: L1, _MM_HINT_T1: L2).
+template <_mm_hint Hint = _MM_HINT_T0, typename T>
 inline void prefetch(const T* p, int64_t elems) {
   const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t at = 0; at < elems * int64_t(sizeof(T)); at += 64) _mm_prefetch(c + at, _MM_HINT_T0);
-}
-template <typename T>
-inline void prefetch_l2(const T* p, int64_t elems) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t at = 0; at < elems * int64_t(sizeof(T)); at += 64) _mm_prefetch(c + at, _MM_HINT_T1);
+  for (int64_t at = 0; at < elems * int64_t(sizeof(T)); at += 64) _mm_prefetch(c + at, Hint);
 }
 
 // Where one head's keys ([hd][bs]) and values ([bs][hd]) of each block lie, and the prefetches above.
@@ -114,7 +110,7 @@ struct HeadBlocks {
   void ask_keys_values(int64_t b) const {  // block b's keys and values, where there is one
     if (b >= num_blocks) return;
     prefetch(keys(b), elems);
-    prefetch_l2(values(b), elems);
+    prefetch<_MM_HINT_T1>(values(b), elems);
   }
   void ask_values(int64_t b) const {
     if (b < num_blocks) prefetch(values(b), elems);
