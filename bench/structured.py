@@ -7,11 +7,12 @@ bench.make_checkpoint --shape gpt2 /tmp/gpt2ck` for GPT-2 small's shape and its 
    constrained walks, each token drawn at random among those the mask allows. `--compare` times xgrammar the
    same way when it is installed (the engine not used; the commit that chose llguidance says why).
 2. Serving: the engine in process (no HTTP), closed loop at each `--concurrency` C: C requests at a time
-   (at least 2 in all), each sampled (temperature 1, seeded) under the schema until its JSON is complete; then the
-   same workload unconstrained, each request generating as many tokens as its constrained twin (ignore_eos),
-   so both runs have the same batch shapes. The two run in turns, `--rounds` times; each reports wall and
-   CPU ms per output token (the median round), the constrained run's overhead over the free one, and the
-   share of its wall time the engine spent filling masks (its counters).
+   (at least 2 in all), each sampled (`--temperature`, 1 by default; seeded) under the schema until its JSON is
+   complete, and the same workload unconstrained, each request generating as many tokens as its constrained twin
+   (ignore_eos), so both runs have the same batch shapes. After a warm-up, the two run in turns, `--rounds`
+   times, which goes first alternating; each reports wall and CPU ms per output token (the median round), the
+   constrained run's overhead over the free one, and the share of its wall time the engine spent filling masks
+   (its counters).
 """
 
 from __future__ import annotations
@@ -154,16 +155,24 @@ def closed_loop(engine: Engine, prompts: list[list[int]], params: list[SamplingP
     return {"lengths": lengths, "tokens": sum(lengths), "wall_s": wall, "cpu_s": cpu, "mask_s": mask_s}
 
 
-def serving(engine: Engine, prompts: list[list[int]], concurrency: int, rounds: int, max_new_tokens: int) -> dict:
+def serving(
+    engine: Engine, prompts: list[list[int]], concurrency: int, rounds: int, max_new_tokens: int, temperature: float
+) -> dict:
     spec = GrammarSpec.json_schema(schema())
     count = max(2, concurrency)
-    constrained = [SamplingParams(max_new_tokens=max_new_tokens, seed=i, grammar=spec) for i in range(count)]
+    constrained = [
+        SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=i, grammar=spec)
+        for i in range(count)
+    ]
+    lengths = closed_loop(engine, prompts, constrained, concurrency)["lengths"]  # a warm-up; seeded: the same each run
+    free = [
+        SamplingParams(max_new_tokens=n, temperature=temperature, seed=i, ignore_eos=True)
+        for i, n in enumerate(lengths)
+    ]
     runs: dict[str, list[dict]] = {"constrained": [], "free": []}
-    for _ in range(rounds):
-        run = closed_loop(engine, prompts, constrained, concurrency)
-        runs["constrained"].append(run)
-        free = [SamplingParams(max_new_tokens=n, seed=i, ignore_eos=True) for i, n in enumerate(run["lengths"])]
-        runs["free"].append(closed_loop(engine, prompts, free, concurrency))
+    for i in range(rounds):  # in turns, the first of a round alternating
+        for name in ("constrained", "free") if i % 2 == 0 else ("free", "constrained"):
+            runs[name].append(closed_loop(engine, prompts, constrained if name == "constrained" else free, concurrency))
     out: dict = {"concurrency": concurrency, "requests": count}
     for name, rs in runs.items():
         out[name] = {
@@ -184,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default="1,32")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=384, help="a cap; each JSON ends on its own before it")
+    ap.add_argument("--temperature", type=float, default=1.0, help="0: greedy (the exact kernels' masked pick)")
     ap.add_argument("--walks", type=int, default=5, help="constrained walks the mask fills are timed over")
     ap.add_argument("--compiles", type=int, default=10)
     ap.add_argument("--compare", action="store_true", help="time xgrammar's compile and masks too, if installed")
@@ -212,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
         gc.freeze()  # as the server does once loaded: a full collection lands in neither run
         for c in (int(c) for c in args.concurrency.split(",")):
-            run = serving(engine, prompts, c, args.rounds, args.max_new_tokens)
+            run = serving(engine, prompts, c, args.rounds, args.max_new_tokens, args.temperature)
             runs.append(run)
             print(
                 f"c={c}: {run['constrained']['wall_ms_per_token']:.2f} ms/token constrained, "
@@ -229,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             "vocab_size": vocab_size,
             "schema_fields": 20,
             "rounds": args.rounds,
+            "temperature": args.temperature,
             "grammar": [g for g in grammar if g is not None],
             "serving": runs,
         },

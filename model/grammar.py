@@ -133,11 +133,11 @@ def bitmask_words(vocab_size: int) -> int:
 
 
 def fill_bitmasks(rows: list[tuple[GrammarMatcher, int, list[int]]], bitmask: np.ndarray) -> None:
-    """Fills the masks of a batch, on the calling thread (the engine's, before its step's forward: a pool of
-    threads would compete with the kernels' own). Each entry (matcher, row, draft) fills bitmask[row] with the
-    tokens allowed now and, for a speculative draft of K tokens, bitmask[row + j] (j = 1..K) with those
-    allowed after draft[:j], as long as the grammar allows draft[:j]; rows past a forbidden draft token allow
-    every token (their picks are never kept). The matchers end where they started. bitmask: (rows, words)
+    """Fills the masks of a batch, on the calling thread (the engine's mask thread, while its step's forward runs: one
+    thread, as a pool of them would compete with the kernels' own). Each entry (matcher, row, draft) fills
+    bitmask[row] with the tokens allowed now and, for a speculative draft of K tokens, bitmask[row + j] (j = 1..K)
+    with those allowed after draft[:j], as long as the grammar allows draft[:j]; rows past a forbidden draft token
+    allow every token (their picks are never kept). The matchers end where they started. bitmask: (rows, words)
     int32, C-contiguous."""
     for matcher, row, draft in rows:
         matcher.fill(bitmask, row)

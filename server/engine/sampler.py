@@ -9,16 +9,19 @@ and hands back one `SamplingArgs`; `sample` makes the pick: the exact greedy ker
 then the top alternatives for the rows that ask. The pick is packed into one (R, 3 + 2K) float64
 tensor, the step's one copy back, and unpacked below it into `Sampled` rows.
 
-Structured output: `prepare` fills the bitmask of every row whose request has a grammar (model/grammar.py),
-the rows of its speculative draft included, in one call before the step's forward, and the pick keeps each
-such row to the tokens its grammar allows: in a step of greedy rows, through the exact kernels' pick over the
-bitmask itself (one pass a row); otherwise through torch, the mask unpacked to a (c, V) bool. The two pick the
-same token with the same logprob. The matchers follow the tokens kept in the engine's update.
+Structured output: `prepare` hands the bitmask of every row whose request has a grammar (model/grammar.py), the
+rows of its speculative draft included, to the sampler's mask thread, which fills them while the step's forward
+runs (llguidance drops the GIL while it computes a mask; the matchers stay still until the pick has waited for
+it), and the pick keeps each such row to the tokens its grammar allows: in a step of greedy rows, through the
+exact kernels' pick over the bitmask itself (one pass a row); otherwise through torch, the mask unpacked to a
+(c, V) bool. The two pick the same token with the same logprob. The matchers follow the tokens kept in the
+engine's update.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +54,13 @@ class SamplingArgs:
     masked_rows: torch.Tensor | None = None  # (c,) int64 rows a grammar restricts, ascending; None: none is
     bitmask: np.ndarray | None = None  # (c, words) int32, the tokens each of those rows may pick (bit per token)
     grammar_errors: dict[int, str] | None = None  # row -> why its request's grammar cannot go on (it fails)
+    pending_masks: Future | None = None  # the mask thread's (bitmask, grammar_errors), until `wait_masks`
+
+    def wait_masks(self) -> None:
+        """Takes the masks from the mask thread, once they are filled (its error, if the fill raised)."""
+        if self.pending_masks is not None:
+            pending, self.pending_masks = self.pending_masks, None
+            self.bitmask, self.grammar_errors = pending.result()
 
 
 @dataclass
@@ -100,6 +110,7 @@ class Sampler:
         self._results = torch.zeros((M, RESULT_COLUMNS + 2 * MAX_LOGPROBS), dtype=torch.float64, device=device)
         self._lse = torch.zeros(M, dtype=torch.float32, device=device)
         self._bitmask = np.full((M, bitmask_words(vocab_size)), -1, dtype=np.int32)  # grammar rows' allowed tokens
+        self._mask_thread: ThreadPoolExecutor | None = None  # made at the first step with a grammar
         self.mask_stats = MaskStats()
 
     # ---- rows -------------------------------------------------------------------------------------
@@ -139,7 +150,7 @@ class Sampler:
         them (a sampled or penalized row)."""
         self.buffers.wait_copied()
         host, t = self.buffers.host, self.buffers.tensors
-        masks = self._masks(reqs, drafts) if any(r.grammar is not None for r in reqs) else (None, None, None)
+        masks = self._masks(reqs, drafts) if any(r.grammar is not None for r in reqs) else (None, None)
         offsets = row_drafts = None
         if drafts is not None:
             offsets = [j for d in drafts for j in range(len(d) + 1)]  # (R,) each row's place in its draft
@@ -175,16 +186,13 @@ class Sampler:
             draft_history=history,
             keeps_history=keeps,
             masked_rows=masks[0],
-            bitmask=masks[1],
-            grammar_errors=masks[2],
+            pending_masks=masks[1],
         )
 
-    def _masks(
-        self, reqs: list[Request], drafts: list[list[int]] | None
-    ) -> tuple[torch.Tensor, np.ndarray, dict[int, str] | None]:
-        """The grammar rows of a step: their indices among its R rows (c,), the tokens each may pick (c, words)
-        and the rows whose grammar failed (they may pick anything; their request fails)."""
-        began = time.perf_counter()
+    def _masks(self, reqs: list[Request], drafts: list[list[int]] | None) -> tuple[torch.Tensor, Future]:
+        """The grammar rows of a step: their indices among its R rows (c,), and the mask thread's work on them:
+        the tokens each may pick (c, words) and the rows whose grammar failed (they may pick anything; their
+        request fails)."""
         entries, rows, at = [], [], 0
         for k, req in enumerate(reqs):
             draft = drafts[k] if drafts is not None else []
@@ -192,6 +200,12 @@ class Sampler:
                 entries.append((req.grammar, at, draft))
                 rows += range(at, at + len(draft) + 1)
             at += len(draft) + 1
+        if self._mask_thread is None:
+            self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="kvserve-masks")
+        return torch.tensor(rows, device=self.device), self._mask_thread.submit(self._fill_masks, entries, rows)
+
+    def _fill_masks(self, entries: list, rows: list[int]) -> tuple[np.ndarray, dict[int, str] | None]:
+        began = time.perf_counter()
         fill_bitmasks(entries, self._bitmask)
         errors = {}
         for matcher, first, draft in entries:
@@ -200,7 +214,7 @@ class Sampler:
                 errors.update({r: f"its grammar failed: {matcher.error}" for r in range(first, first + len(draft) + 1)})
         self.mask_stats.rows += len(rows)
         self.mask_stats.seconds += time.perf_counter() - began
-        return torch.tensor(rows, device=self.device), self._bitmask[rows], errors or None
+        return self._bitmask[rows], errors or None
 
     def commit(self, req: Request, tokens: list[int]) -> None:
         """A drafting penalized request's accepted tokens join its history (a pick of draft rows leaves
@@ -217,6 +231,7 @@ class Sampler:
         """logits: (R, V) float32. Returns the packed (R, 3 + 2K) float64 results: token, logprob, finite
         flag, then K top ids and K top logprobs (K = args.top_k)."""
         R = logits.shape[0]
+        args.wait_masks()
         out, lse = self._results[:R, : RESULT_COLUMNS + 2 * args.top_k], self._lse[:R]
         if self.exact:
             kernels.greedy(logits, self._results[:R], lse)  # every row's argmax and normalizer, in one pass
