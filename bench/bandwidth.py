@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--kv-cache-dtype",
         default="auto",
-        choices=["auto", "float32", "bfloat16"],
+        choices=["auto", "float32", "bfloat16", "int8"],
         help="the KV cache's dtype, as the server's flag of that name",
     )
     args = ap.parse_args(argv)

@@ -27,6 +27,8 @@ CONFIGS = {  # name: (dtype, quantization, KV cache dtype: None is the model's)
     "int8": (torch.float32, "int8", None),
     "float32-kv-bf16": (torch.float32, None, torch.bfloat16),
     "int8-kv-bf16": (torch.float32, "int8", torch.bfloat16),
+    "float32-kv-int8": (torch.float32, None, torch.int8),
+    "int8-kv-int8": (torch.float32, "int8", torch.int8),
 }
 
 

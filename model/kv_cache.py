@@ -27,6 +27,7 @@ from model.description import ModelDescription
 log = logging.getLogger("kvserve.kv_cache")
 
 HUGE_PAGE = 2 << 20
+SCALE_BYTES = 4  # an int8 cache's float32 scale per (token, head), for its keys and for its values
 _MADV_HUGEPAGE = 14
 # The default KV cache (no --kv-cache-memory): room for AUTO_KV_SEQUENCES sequences at the model's
 # full context, from its bytes per token, but at most AUTO_KV_FRACTION of the memory free at load
@@ -51,17 +52,21 @@ def available_memory(device: torch.device | str = "cpu") -> int:
 
 
 def resolve_kv_cache_dtype(name: str | None, model_dtype: torch.dtype) -> torch.dtype:
-    """The KV cache's dtype: the model's (None or 'auto'), or 'bfloat16' under a float32 model, which
-    halves the bytes a token holds and a step reads; keys and values are rounded once, when written."""
+    """The KV cache's dtype: the model's (None or 'auto'), 'bfloat16' under a float32 model, which
+    halves the bytes a token holds and a step reads (keys and values rounded once, when written), or
+    'int8' under a float32 or bfloat16 model, about half again (each token's head quantized once, when
+    written, with a float32 scale: SCALE_BYTES more per head; the exact kernels only)."""
     if name in (None, "auto"):
         return model_dtype
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(name)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.int8}.get(name)
     if dtype is None:
-        raise ValueError(f"kv cache dtype must be auto, float32 or bfloat16, got {name!r}")
+        raise ValueError(f"kv cache dtype must be auto, float32, bfloat16 or int8, got {name!r}")
+    if dtype == torch.int8 and model_dtype in (torch.float32, torch.bfloat16):
+        return dtype
     if dtype != model_dtype and (model_dtype, dtype) != (torch.float32, torch.bfloat16):
         raise ValueError(
             f"a {name} KV cache under a {str(model_dtype).removeprefix('torch.')} model: the cache "
-            f"holds the model's dtype, or bfloat16 under float32"
+            f"holds the model's dtype, bfloat16 under float32, or int8 under either"
         )
     return dtype
 
@@ -161,7 +166,8 @@ class PagedKVCache:
     """`num_blocks` blocks of `block_size` tokens, allocated once, one tensor per layer:
     (num_blocks, 2, kv_heads, block_size * head_dim), keys then values. Within a block, a head's keys
     are stored transposed, [head_dim][block_size], and its values [block_size][head_dim]
-    (model/kernels/csrc/attention.cpp says why)."""
+    (model/kernels/csrc/attention.cpp says why). An int8 cache's head holds block_size float32 scales
+    after them, as bytes: (num_blocks, 2, kv_heads, block_size * (head_dim + SCALE_BYTES))."""
 
     def __init__(
         self,
@@ -178,7 +184,9 @@ class PagedKVCache:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.config, self.num_blocks, self.block_size = config, num_blocks, block_size
         self.n_head, self.head_dim = config.num_kv_heads, config.head_dim  # n_head: the key/value heads cached
-        shape = (num_blocks, 2, config.num_kv_heads, block_size * config.head_dim)
+        if dtype == torch.int8 and torch.device(device).type != "cpu":
+            raise ValueError("an int8 KV cache is read by the exact CPU kernels only")
+        shape = (num_blocks, 2, config.num_kv_heads, block_size * self.head_bytes(config.head_dim, dtype))
         # One tensor per layer: each layer's attention writes and reads its own, in place.
         self.layers = [zeros_in_huge_pages(shape, dtype, device) for _ in range(config.num_layers)]
         log.info(
@@ -191,9 +199,14 @@ class PagedKVCache:
         )
 
     @staticmethod
-    def bytes_per_token(config: ModelDescription, dtype: torch.dtype) -> int:
+    def head_bytes(head_dim: int, dtype: torch.dtype) -> int:
+        """Elements of one token's keys (or values) of one head: head_dim, and an int8 cache's scale."""
+        return head_dim + SCALE_BYTES if dtype == torch.int8 else head_dim
+
+    @classmethod
+    def bytes_per_token(cls, config: ModelDescription, dtype: torch.dtype) -> int:
         """Keys and values of one token, all layers."""
-        width = config.num_kv_heads * config.head_dim  # keys (or values) of one token in one layer
+        width = config.num_kv_heads * cls.head_bytes(config.head_dim, dtype)  # keys (or values), one layer
         return config.num_layers * 2 * width * torch.empty((), dtype=dtype).element_size()
 
     @classmethod
@@ -242,10 +255,16 @@ class PagedKVCache:
         return sum(layer.numel() * layer.element_size() for layer in self.layers)
 
     def keys_values(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of one layer's keys (num_blocks, nh, hd, bs) (transposed) and values (num_blocks, nh, bs, hd)."""
+        """Views of one layer's keys (num_blocks, nh, hd, bs) (transposed) and values (num_blocks, nh, bs, hd);
+        of an int8 cache, float32 copies: each value times its (token, head)'s scale."""
         kv = self.layers[layer]
         nb, bs, nh, hd = self.num_blocks, self.block_size, self.n_head, self.head_dim
-        return kv[:, 0].view(nb, nh, hd, bs), kv[:, 1].view(nb, nh, bs, hd)
+        if self.dtype != torch.int8:
+            return kv[:, 0].view(nb, nh, hd, bs), kv[:, 1].view(nb, nh, bs, hd)
+        q, scales = kv[..., : hd * bs], kv[..., hd * bs :].contiguous().view(torch.float32)  # (nb, 2, nh, bs) scales
+        keys = q[:, 0].reshape(nb, nh, hd, bs).float() * scales[:, 0, :, None, :]
+        values = q[:, 1].reshape(nb, nh, bs, hd).float() * scales[:, 1, :, :, None]
+        return keys, values
 
     def zero_blocks(self, block_ids: list[int]) -> None:
         """Clears blocks (a failed request's, whose values may be NaN) so no later holder reads them."""

@@ -230,9 +230,11 @@ def _add_server_flags(ap: argparse.ArgumentParser, cluster: bool) -> None:
     eng.add_argument(
         "--kv-cache-dtype",
         default="auto",
-        choices=["auto", "float32", "bfloat16"],
-        help="the KV cache's dtype: auto (the model's), or bfloat16 under a float32 model (half the "
-        "bytes a token holds and a step reads; keys and values rounded when written)",
+        choices=["auto", "float32", "bfloat16", "int8"],
+        help="the KV cache's dtype: auto (the model's), bfloat16 under a float32 model (half the "
+        "bytes a token holds and a step reads; keys and values rounded when written), or int8 under a "
+        "float32 or bfloat16 model (about a quarter of float32's: each token's head quantized when written, "
+        "with its scale; the exact CPU kernels only)",
     )
     eng.add_argument(
         "--block-size",

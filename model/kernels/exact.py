@@ -21,6 +21,7 @@ from model.kernels.interface import (
     DTYPE_BF16,
     DTYPE_BF16_F32,
     DTYPE_F32,
+    DTYPE_I8,
     EPILOGUE_NONE,
     EPILOGUE_SILU_MUL,
     FEATURE_AVX512BF16,
@@ -32,11 +33,12 @@ from model.kernels.interface import (
     WEIGHT_F32,
 )
 from model.kernels.library import handle, kernel_path
+from model.kv_cache import SCALE_BYTES
 
 GROUP = 64  # output columns per packed weight group: one task of csrc/linear.cpp
 STRIP = 16  # output columns per strip of a group, each stored k-major
 EXACT_HEAD_DIMS = (8, 16, 32, 64, 128)
-_DTYPE_CODE = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16}
+_DTYPE_CODE = {torch.float32: DTYPE_F32, torch.bfloat16: DTYPE_BF16, torch.int8: DTYPE_I8}  # int8: a KV cache only
 _WEIGHT_FORMAT = {torch.float32: WEIGHT_F32, torch.bfloat16: WEIGHT_BF16}
 
 
@@ -225,9 +227,12 @@ def paged_attention(qkv: torch.Tensor, cache_layer: torch.Tensor, step, n_head: 
     csrc/attention.cpp. cache_layer: (num_blocks, 2, nkv, bs * hd), whose shape gives the key/value heads
     and head_dim; qkv: (N, (nh + 2 nkv) * hd) contiguous, the query heads, the key heads, the value heads
     (GPT-2's (N, 3C)); query head h reads key/value head h // (nh / nkv).
-    step: model.kv_cache.StepBatch. The cache holds qkv's dtype, or bfloat16 under float32. Returns (N, nh * hd)."""
+    step: model.kv_cache.StepBatch. The cache holds qkv's dtype, bfloat16 under float32, or int8 (each head's
+    block then followed by its scales: (num_blocks, 2, nkv, bs * (hd + SCALE_BYTES))). Returns (N, nh * hd)."""
     N = qkv.shape[0]  # N == step.num_tokens
     n_kv, head_dim = cache_layer.shape[2], cache_layer.shape[3] // block_size
+    if cache_layer.dtype == torch.int8:
+        head_dim -= SCALE_BYTES
     out = torch.empty((N, n_head * head_dim), dtype=qkv.dtype, device=qkv.device)
     failed = handle().kv_paged_attention(
         _DTYPE_CODE[qkv.dtype],

@@ -28,7 +28,7 @@ class EngineConfig:
     ngram_history: int = 16  # n of the n-gram history shared by requests' drafts (0: each drafts from its own tokens)
     quantization: str | None = None  # None or 'int8': the products' weights (model.kernels.choose_backend)
     kv_cache_dtype: str | None = (
-        None  # None (the model's), 'float32' or 'bfloat16' (model.kv_cache.resolve_kv_cache_dtype)
+        None  # None (the model's), 'float32', 'bfloat16' or 'int8' (model.kv_cache.resolve_kv_cache_dtype)
     )
     engine_niceness: int = 0  # added to the engine thread's nice value (thread_priority.py); 0: unchanged
     stream_interval_ms: float = 0.0  # an event loop woken at most once per this, bar first and last events (sinks.py)

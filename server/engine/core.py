@@ -50,6 +50,8 @@ class EngineCore:
         self.device = model.device
         bs = config.block_size
         cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, model.dtype)
+        if cache_dtype == torch.int8 and model.kernels != "exact":
+            raise ValueError("an int8 KV cache (--kv-cache-dtype int8) needs the exact kernels, which run on the CPU")
         # the model as served: its context capped by --max-model-len or the default KV cache (context_length.py)
         self.model_config: ModelDescription = served_config(
             model.config,

@@ -84,6 +84,33 @@ def test_bfloat16_cached_decode_is_bit_identical_to_recompute(isa, default_check
 
 
 @needs_exact
+@pytest.mark.parametrize("isa", isa_params("avx2", "avx512"), indirect=True)
+def test_an_int8_kv_cache_decodes_cached_to_the_bits_of_recompute(isa, default_model, default_tokenizer):
+    """Keys and values quantized when written, per (token, head): what recompute writes and reads is what the
+    cached decode wrote and reads, so the identity holds on the int8 cache as on a float one."""
+    ids = default_tokenizer.encode(SONNET)[:150]
+    assert assert_identical_every_step(default_model, ids, prompt_len=8, cache_dtype=torch.int8) == 143
+
+
+@needs_exact
+def test_an_int8_kv_cache_keeps_the_default_models_next_token_distributions(default_model, default_tokenizer):
+    """Over the sonnet, every position's next-token distribution with the int8 cache stays within 1e-4 nats (mean
+    KL) of the float32 cache's, and its most likely token is float32's at 98% of positions or more."""
+    ids = default_tokenizer.encode(SONNET)[:200]
+
+    def logprobs(cache_dtype):
+        cache, blocks = sequence_cache(default_model, len(ids), dtype=cache_dtype)
+        step = StepBatch.build([(ids, 0, blocks)], cache.block_size, default_model.device)
+        return default_model.compute_logits(default_model.forward_step(step, cache)).log_softmax(-1)  # (T, V)
+
+    exact, int8 = logprobs(torch.float32), logprobs(torch.int8)
+    assert not torch.equal(exact, int8)  # the cache is int8: not float32's bits
+    kl = (exact.exp() * (exact - int8)).sum(-1)  # (T,)
+    assert kl.mean() < 1e-4, kl.mean()
+    assert (exact.argmax(-1) == int8.argmax(-1)).float().mean() >= 0.98
+
+
+@needs_exact
 @pytest.mark.parametrize("batch", [1, 3, 8, 32])
 def test_a_row_decodes_to_the_same_bits_in_any_batch_and_position(default_model, batch):
     """Sequence 0 decodes among `batch - 1` others of other lengths, at a new place in the batch every

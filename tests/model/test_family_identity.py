@@ -62,9 +62,18 @@ def test_cached_decode_is_bit_identical_to_recompute_on_every_path(name, weights
 
 @pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("quantization", [None, "int8"], ids=["float32", "int8"])
-def test_a_bfloat16_kv_cache_under_float32_decodes_cached_to_the_bits_of_recompute(name, quantization):
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.int8], ids=["bf16cache", "int8cache"])
+def test_a_narrower_kv_cache_decodes_cached_to_the_bits_of_recompute(name, quantization, cache_dtype):
     model = random_decoder(name).prepare_for_inference("exact", quantization)
-    assert assert_identical_every_step(model, random_ids(70, VOCAB), prompt_len=10, cache_dtype=torch.bfloat16) == 61
+    assert assert_identical_every_step(model, random_ids(70, VOCAB), prompt_len=10, cache_dtype=cache_dtype) == 61
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("level", isa_params("avx2", "avx512"))
+def test_an_int8_kv_cache_under_bfloat16_decodes_cached_to_the_bits_of_recompute_on_every_path(name, level):
+    with forced_isa(level):
+        model = exact_model(name, "bfloat16")
+        assert assert_identical_every_step(model, random_ids(50, VOCAB), prompt_len=10, cache_dtype=torch.int8) == 41
 
 
 @pytest.fixture(scope="module", params=[(n, w) for n in FAMILIES for w in WEIGHTS], ids=lambda p: f"{p[0]}-{p[1]}")

@@ -266,8 +266,14 @@ def test_grouped_attention_prefill_row_equals_the_decode_step_and_any_batch():
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize(
     "dtype, cache_dtype",
-    [(torch.float32, torch.float32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16)],
-    ids=["f32", "f32-bf16cache", "bf16"],
+    [
+        (torch.float32, torch.float32),
+        (torch.float32, torch.bfloat16),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.int8),
+        (torch.bfloat16, torch.int8),
+    ],
+    ids=["f32", "f32-bf16cache", "bf16", "f32-int8cache", "bf16-int8cache"],
 )
 def test_grouped_attention_gives_the_avx2_paths_bits_on_avx512(head_dim, block_size, dtype, cache_dtype):
     """The 16-lane attention (block sizes of 16s, head_dim of 32s) runs each key's and each output
@@ -289,8 +295,8 @@ def test_grouped_attention_gives_the_avx2_paths_bits_on_avx512(head_dim, block_s
             )
     assert torch.equal(results["avx2"], results["avx512"])
     q = qkv[69, :head_dim].double()  # and both are the attention: query head 0 of the last token, in float64
-    keys = qkv[:, 6 * head_dim : 7 * head_dim].to(cache_dtype).double()
-    values = qkv[:, 8 * head_dim : 9 * head_dim].to(cache_dtype).double()
+    keys = as_cached(qkv[:, 6 * head_dim : 7 * head_dim], cache_dtype).double()
+    values = as_cached(qkv[:, 8 * head_dim : 9 * head_dim], cache_dtype).double()
     ref = (keys @ q / head_dim**0.5).softmax(0) @ values
     torch.testing.assert_close(
         results["avx512"][69, :head_dim].double(),
@@ -298,6 +304,46 @@ def test_grouped_attention_gives_the_avx2_paths_bits_on_avx512(head_dim, block_s
         atol=1e-2 if dtype == torch.bfloat16 else 2e-6,
         rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
     )
+
+
+def as_cached(x: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
+    """(T, hd): each row as a cache of `cache_dtype` holds it, in float32: rounded to bfloat16, or quantized to
+    int8 with its scale max |x| / 127 (round half to even) and widened back."""
+    x = x.float()
+    if cache_dtype != torch.int8:
+        return x.to(cache_dtype).float()
+    scale = x.abs().amax(dim=1, keepdim=True) / 127  # (T, 1)
+    return torch.round(x / scale).clamp(-127, 127) * scale
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_an_int8_cache_holds_each_heads_quantized_values_and_attention_reads_them_with_their_scales(dtype):
+    """The int8 cache's values are each (token, head)'s round(x / s) with s = max |x| / 127, within s / 2 of x;
+    the attention over them is the float64 attention over those dequantized keys and values, within float32
+    rounding, for every query head of each group."""
+    torch.manual_seed(2)
+    N, hd = 40, 32
+    cache = PagedKVCache(GQA, 8, 16, dtype=torch.int8)
+    assert cache.layers[0].shape == (8, 2, 2, 16 * (hd + 4))  # each head's int8 block, then its 16 scales
+    qkv = (torch.randn(N, 10 * hd) * torch.linspace(0.1, 3, 10 * hd)).to(dtype)
+    out = run_gqa(qkv, cache, [(0, N, [4, 6, 1])])
+    k, v = (qkv[:, a : a + 2 * hd].float().view(N, 2, hd) for a in (6 * hd, 8 * hd))
+    keys, values = cache.keys_values(0)  # dequantized: (nb, nkv, hd, bs), (nb, nkv, bs, hd)
+    held_k = torch.cat([keys[b].permute(2, 0, 1) for b in (4, 6, 1)])[:N]  # (N, nkv, hd)
+    held_v = torch.cat([values[b].transpose(0, 1) for b in (4, 6, 1)])[:N]
+    for x, held in ((k, held_k), (v, held_v)):
+        step = x.abs().amax(dim=2, keepdim=True) / 127
+        assert torch.all((held - x).abs() <= step / 2 * (1 + 1e-5))
+        assert torch.equal(held, as_cached(x.reshape(-1, hd), torch.int8).view(N, 2, hd))
+    q = qkv[:, : 6 * hd].float().view(N, 6, hd)
+    for t in (0, 15, 16, 39):
+        for h in range(6):
+            g = h // 3
+            scores = held_k[: t + 1, g].double() @ q[t, h].double() / hd**0.5
+            ref = scores.softmax(0) @ held_v[: t + 1, g].double()
+            got = out[t, h * hd : (h + 1) * hd].double()
+            tol = 1e-2 if dtype == torch.bfloat16 else 2e-6
+            torch.testing.assert_close(got, ref, atol=tol, rtol=tol * 5)
 
 
 def test_grouped_attention_refuses_key_value_heads_that_do_not_divide_the_query_heads():

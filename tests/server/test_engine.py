@@ -8,6 +8,7 @@ import queue
 import threading
 
 import pytest
+import torch
 
 import server.engine.model_runner as model_runner
 import server.engine.sampler as sampler
@@ -15,7 +16,7 @@ from model.config import PromptError
 from model.generate import generate
 from model.sampling import SamplingParams
 from server.engine import AsyncSink, Engine, EngineStoppedError, QueueFullError, TokenOutput
-from tests.conftest import EXACT
+from tests.conftest import EXACT, random_model
 from tests.server.conftest import check_block_invariants, count_wakeups
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0)
@@ -122,6 +123,30 @@ def test_use_cache_false_gives_the_same_tokens_and_logprobs(engine, tiny_tokeniz
         assert token_ids(uncached) == token_ids(cached)
         if EXACT:
             assert logprobs(uncached) == logprobs(cached)
+
+
+@pytest.mark.skipif(not EXACT, reason="an int8 KV cache is read by the exact kernels only")
+def test_an_int8_kv_cache_gives_the_same_bits_alone_batched_uncached_and_on_a_prefix_hit(tiny_model, tiny_tokenizer):
+    eng = Engine(tiny_model, tiny_tokenizer, max_num_seqs=16, threads=1, kv_cache_dtype="int8").start()
+    try:
+        assert eng.cache.dtype == torch.int8
+        ps = prompts(tiny_tokenizer, 12)
+        long = [t for p in ps for t in p][:45]  # whole blocks of it are shared by the second request
+        alone = [eng.generate(p, GREEDY, timeout=60) for p in (long, *ps[:3])]
+        hit = eng.generate(long, GREEDY, timeout=60)
+        assert hit[-1].stats.cached_tokens >= 32
+        uncached = [eng.generate(p, GREEDY, use_cache=False, timeout=60) for p in (long, *ps[:3])]
+        together = run_together(eng, [(p, GREEDY, True) for p in (long, *ps[:3])] + [(p, GREEDY, True) for p in ps[3:]])
+        for runs in ([hit], uncached, together[:4]):
+            for outs, ref in zip(runs, alone):
+                assert token_ids(outs) == token_ids(ref) and logprobs(outs) == logprobs(ref)
+    finally:
+        eng.shutdown()
+
+
+def test_an_int8_kv_cache_on_torchs_kernels_is_refused_naming_the_flag(tiny_config, tiny_tokenizer):
+    with pytest.raises(ValueError, match="--kv-cache-dtype int8"):
+        Engine(random_model(tiny_config), tiny_tokenizer, kernels="stock", kv_cache_dtype="int8")
 
 
 def test_a_small_token_budget_reads_prompts_in_chunks_with_the_same_tokens(engine, tiny_model, tiny_tokenizer):

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 // The version of this interface, which the loader checks the library against.
-enum { KV_ABI_VERSION = 8 };
+enum { KV_ABI_VERSION = 9 };
 
 // What a product adds after the bias, per output element.
 enum {
@@ -35,6 +35,7 @@ enum {
   KV_DTYPE_F32 = 0,       // float32 everywhere
   KV_DTYPE_BF16 = 1,      // bfloat16 activations, weights and outputs (float32 sums)
   KV_DTYPE_BF16_F32 = 2,  // bfloat16 activations and weights, float32 outputs (a bfloat16 model's logits)
+  KV_DTYPE_I8 = 3,        // a KV cache only: int8 keys and values, a float32 scale per (token, head) (attention.cpp)
 };
 
 // How a product's weight is stored (model/kernels/exact.py and int8.py pack them).
@@ -189,7 +190,7 @@ int kv_rope(int dtype, void* qkv, int64_t tokens, int64_t heads, int64_t kv_head
 // the value heads; query head h reads key/value head h / (heads / kv_heads) in place. out: (tokens,
 // heads * head_dim). Needs head_dim in {8, 16, 32, 64, 128}, block_size % 8 == 0 and kv_heads dividing
 // heads: -1 if not. cache_dtype is dtype, or bfloat16 under float32 activations (keys and values
-// rounded when written).
+// rounded when written), or int8 under either (quantized when written).
 int kv_paged_attention(int dtype, int cache_dtype, const void* qkv, int64_t tokens, int64_t heads, int64_t kv_heads,
                        int64_t head_dim, void* cache, int64_t block_size, const int64_t* slot_mapping, int64_t seqs,
                        const int32_t* query_start, const int32_t* seq_lens, const int32_t* block_tables,

@@ -28,6 +28,14 @@
 // The cache may hold a narrower type than the step's activations (float32 activations over a
 // bfloat16 cache): keys and values are rounded once, when written, and widened exactly when read,
 // so a prefill row and a decode step still read the same values.
+//
+// An int8 cache quantizes each (token, head)'s keys and its values when written: a float32 scale
+// s = max |x| / 127 and q = round(x / s) in [-127, 127], the head's bs scales stored after its int8 block
+// ([hd][bs] keys or [bs][hd] values, then bs floats). Read, q widens exactly to float and the scales
+// enter once per key: score[j] = ((even + odd) * s_k[j]) * scale, and each weight p[j] is taken as
+// p[j] * s_v[j] (one float product) before the value sums; the softmax's sum is of the p[j] themselves.
+// Half the bytes of a bfloat16 cache plus 4 per (token, head); every identity above holds, as the
+// values are the same wherever they are read.
 #include <algorithm>
 #include <vector>
 
@@ -63,10 +71,46 @@ inline C to_cache(T v) {
 // A token's row of qkv: its query heads, key heads and value heads.
 inline int64_t row_width(const Step& s) { return (s.heads + 2 * s.kv_heads) * s.head_dim; }
 
+template <typename KV>
+constexpr bool kQuantized = std::is_same_v<KV, int8_t>;
+
+// One head's part of a block, in cache elements: its keys [hd][bs] or values [bs][hd], then, in an int8
+// cache, their bs float32 scales. A block is (2, kv_heads, region): every head's keys, then their values.
+template <typename KV>
+inline int64_t head_region(int64_t hd, int64_t bs) {
+  return hd * bs + (kQuantized<KV> ? int64_t(sizeof(float)) * bs : 0);
+}
+
+// The scales of the region at `region` (an int8 cache's).
+inline const float* scales_of(const int8_t* region, int64_t hd, int64_t bs) {
+  return reinterpret_cast<const float*>(region + hd * bs);
+}
+inline float* scales_of(int8_t* region, int64_t hd, int64_t bs) { return reinterpret_cast<float*>(region + hd * bs); }
+
+// n values (one token's head) into q[i * stride] with their scale: s = max |x| / 127, q = round(x / s).
+// A head with a NaN or inf gets a NaN scale (every score or value it enters is NaN, as in a float cache);
+// an all-zero head, scale 0 and zeros.
+template <typename T>
+inline void quantize_head(const T* x, int64_t n, int8_t* q, int64_t stride, float* scale) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const float f = to_f32(x[i]);
+    finite &= std::isfinite(f);
+    amax = std::max(amax, std::fabs(f));
+  }
+  const float s = finite ? amax / 127.0f : NAN;
+  *scale = s;
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = finite && s > 0.0f ? std::nearbyint(to_f32(x[i]) / s) : 0.0f;
+    q[i * stride] = int8_t(std::min(127.0f, std::max(-127.0f, r)));
+  }
+}
+
 template <typename T, typename C>
 void write_cache(const T* qkv, C* cache, const Step& s) {
   const int64_t width = s.kv_heads * s.head_dim, bs = s.block_size, hd = s.head_dim;
-  const int64_t block_elems = 2 * width * bs;
+  const int64_t region = head_region<C>(hd, bs), block_elems = 2 * s.kv_heads * region;
   constexpr int64_t kTokensPerTask = 16;
   ThreadPool::instance().run((s.tokens + kTokensPerTask - 1) / kTokensPerTask, [&](int64_t task) {
     for (int64_t i = task * kTokensPerTask; i < std::min(s.tokens, (task + 1) * kTokensPerTask); ++i) {
@@ -75,13 +119,19 @@ void write_cache(const T* qkv, C* cache, const Step& s) {
       const int64_t block = slot / bs, offset = slot % bs;
       const T* k = qkv + i * row_width(s) + s.heads * hd;
       const T* v = k + width;
-      C* keys = cache + block * block_elems;
-      C* values = keys + width * bs;
-      for (int64_t h = 0; h < s.kv_heads; ++h)
-        for (int64_t d = 0; d < hd; ++d) {
-          keys[(h * hd + d) * bs + offset] = to_cache<C>(k[h * hd + d]);
-          values[(h * bs + offset) * hd + d] = to_cache<C>(v[h * hd + d]);
+      for (int64_t h = 0; h < s.kv_heads; ++h) {
+        C* keys = cache + block * block_elems + h * region;                   // [hd][bs]
+        C* values = cache + block * block_elems + (s.kv_heads + h) * region;  // [bs][hd]
+        if constexpr (kQuantized<C>) {
+          quantize_head(k + h * hd, hd, keys + offset, bs, scales_of(keys, hd, bs) + offset);
+          quantize_head(v + h * hd, hd, values + offset * hd, 1, scales_of(values, hd, bs) + offset);
+        } else {
+          for (int64_t d = 0; d < hd; ++d) {
+            keys[d * bs + offset] = to_cache<C>(k[h * hd + d]);
+            values[offset * hd + d] = to_cache<C>(v[h * hd + d]);
+          }
         }
+      }
     }
   });
 }
@@ -104,9 +154,12 @@ template <typename KV>
 struct HeadBlocks {
   const KV* cache;
   const int32_t* blocks;
-  int64_t num_blocks, block_elems, key_offset, value_offset, elems;
+  int64_t num_blocks, block_elems, key_offset, value_offset, elems, hd, bs;
   const KV* keys(int64_t b) const { return cache + int64_t(blocks[b]) * block_elems + key_offset; }
   const KV* values(int64_t b) const { return cache + int64_t(blocks[b]) * block_elems + value_offset; }
+  // An int8 cache's scales of block b's keys and values (bs each).
+  const float* key_scales(int64_t b) const { return scales_of(keys(b), hd, bs); }
+  const float* value_scales(int64_t b) const { return scales_of(values(b), hd, bs); }
   void ask_keys_values(int64_t b) const {  // block b's keys and values, where there is one
     if (b >= num_blocks) return;
     prefetch(keys(b), elems);
@@ -119,8 +172,10 @@ struct HeadBlocks {
 
 template <typename KV>
 inline HeadBlocks<KV> head_blocks(const KV* cache, const int32_t* blocks, int64_t n, int64_t head, const Step& s) {
-  const int64_t bs = s.block_size, hd = s.head_dim, C = s.kv_heads * hd;
-  HeadBlocks<KV> h{cache, blocks, (n + bs - 1) / bs, 2 * C * bs, head * hd * bs, C * bs + head * bs * hd, hd * bs};
+  const int64_t bs = s.block_size, hd = s.head_dim, region = head_region<KV>(hd, bs);
+  HeadBlocks<KV> h{
+      cache, blocks, (n + bs - 1) / bs, 2 * s.kv_heads * region, head * region, (s.kv_heads + head) * region, region,
+      hd,    bs};
   for (int64_t b = 0; b < kAhead; ++b) h.ask_keys_values(b);
   return h;
 }
@@ -129,7 +184,8 @@ inline HeadBlocks<KV> head_blocks(const KV* cache, const int32_t* blocks, int64_
 // above: the groups are independent, so interleaving them only hides the FMA latency (a lone
 // group's 2 chains of hd / 2 dependent FMAs wait on it); no lane's sequence changes.
 template <int G, int HD, typename C>
-inline void score_groups(const float* q, const C* const* keys, int64_t bs, float* const* out, __m256 scale) {
+inline void score_groups(const float* q, const C* const* keys, const float* const* key_scales, int64_t bs,
+                         float* const* out, __m256 scale) {
   __m256 even[G], odd[G];
 #pragma GCC unroll 8
   for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm256_setzero_ps();
@@ -143,7 +199,11 @@ inline void score_groups(const float* q, const C* const* keys, int64_t bs, float
     }
   }
 #pragma GCC unroll 8
-  for (int g = 0; g < G; ++g) _mm256_storeu_ps(out[g], _mm256_mul_ps(_mm256_add_ps(even[g], odd[g]), scale));
+  for (int g = 0; g < G; ++g) {
+    __m256 sum = _mm256_add_ps(even[g], odd[g]);
+    if constexpr (kQuantized<C>) sum = _mm256_mul_ps(sum, _mm256_loadu_ps(key_scales[g]));
+    _mm256_storeu_ps(out[g], _mm256_mul_ps(sum, scale));
+  }
 }
 
 // The softmax of one (token, head)'s scores in place, as the order above gives it: keys past n (the rest of
@@ -162,6 +222,20 @@ inline __m256 softmax_in_place(float* sc, int64_t n, int64_t padded) {
   return _mm256_set1_ps(hsum8(sum));
 }
 
+// The weights block b's values are summed with: the softmax's p[j] themselves, or in an int8 cache p[j] times
+// each value's scale (into scratch, one float product each).
+constexpr int64_t kMaxBlock = 256;  // the largest block_size an int8 cache takes (kv_paged_attention)
+template <typename KV>
+inline const float* weights_of(const float* p, int64_t len, const HeadBlocks<KV>& hb, int64_t b, float* scratch) {
+  if constexpr (kQuantized<KV>) {
+    const float* vs = hb.value_scales(b);
+    for (int64_t o = 0; o < len; ++o) scratch[o] = p[o] * vs[o];
+    return scratch;
+  } else {
+    return p;
+  }
+}
+
 // One (token, query head) over key/value head `head`: NV = head_dim / 8 vectors per key, so the sums stay
 // in registers.
 template <int NV, typename T, typename KV>
@@ -178,34 +252,37 @@ void attend_one(const T* q_in, const KV* cache, const int32_t* blocks, int64_t n
   float* sc = scores.data();
   const __m256 scale = _mm256_set1_ps(s.scale);
   const KV* group_keys[kGroups];
+  const float* group_scales[kGroups] = {};
   float* group_out[kGroups];
   int pending = 0;
   for (int64_t j0 = 0, b = 0; j0 < n; j0 += bs, ++b) {
     const KV* keys = hb.keys(b);  // [hd][bs]
     hb.ask_keys_values(b + kAhead);
     for (int64_t c = 0; c < bs; c += 8) {
+      if constexpr (kQuantized<KV>) group_scales[pending] = hb.key_scales(b) + c;
       group_keys[pending] = keys + c;
       group_out[pending] = sc + j0 + c;
       if (++pending == kGroups) {
-        score_groups<kGroups, hd>(q, group_keys, bs, group_out, scale);
+        score_groups<kGroups, hd>(q, group_keys, group_scales, bs, group_out, scale);
         pending = 0;
       }
     }
   }
   switch (pending) {
     case 1:
-      score_groups<1, hd>(q, group_keys, bs, group_out, scale);
+      score_groups<1, hd>(q, group_keys, group_scales, bs, group_out, scale);
       break;
     case 2:
-      score_groups<2, hd>(q, group_keys, bs, group_out, scale);
+      score_groups<2, hd>(q, group_keys, group_scales, bs, group_out, scale);
       break;
     case 3:
-      score_groups<3, hd>(q, group_keys, bs, group_out, scale);
+      score_groups<3, hd>(q, group_keys, group_scales, bs, group_out, scale);
       break;
     default:
       break;
   }
   const __m256 total = softmax_in_place(sc, n, padded);
+  float wscratch[kMaxBlock];
   __m256 even[NV], odd[NV];  // keys at even and odd positions (block_size is even, so offsets share the parity)
 #pragma GCC unroll 16
   for (int c = 0; c < NV; ++c) even[c] = odd[c] = _mm256_setzero_ps();
@@ -213,9 +290,10 @@ void attend_one(const T* q_in, const KV* cache, const int32_t* blocks, int64_t n
     const KV* values = hb.values(b);  // [bs][hd]
     hb.ask_values(b + kAhead);
     const int64_t len = std::min(bs, n - j0);
+    const float* p = weights_of(sc + j0, len, hb, b, wscratch);
     int64_t o = 0;
     for (; o + 1 < len; o += 2) {
-      const __m256 pe = _mm256_set1_ps(sc[j0 + o]), po = _mm256_set1_ps(sc[j0 + o + 1]);
+      const __m256 pe = _mm256_set1_ps(p[o]), po = _mm256_set1_ps(p[o + 1]);
 #pragma GCC unroll 16
       for (int c = 0; c < NV; ++c) {
         even[c] = _mm256_fmadd_ps(pe, load8(values + o * hd + 8 * c), even[c]);
@@ -223,7 +301,7 @@ void attend_one(const T* q_in, const KV* cache, const int32_t* blocks, int64_t n
       }
     }
     if (o < len) {
-      const __m256 pe = _mm256_set1_ps(sc[j0 + o]);
+      const __m256 pe = _mm256_set1_ps(p[o]);
 #pragma GCC unroll 16
       for (int c = 0; c < NV; ++c) even[c] = _mm256_fmadd_ps(pe, load8(values + o * hd + 8 * c), even[c]);
     }
@@ -244,8 +322,8 @@ using kv::avx512::load16;
 using kv::avx512::low_half;
 
 template <int G, int HD, typename C>
-KV_TARGET_AVX512 inline void score_groups16(const float* q, const C* const* keys, int64_t bs, float* const* out,
-                                            __m512 scale) {
+KV_TARGET_AVX512 inline void score_groups16(const float* q, const C* const* keys, const float* const* key_scales,
+                                            int64_t bs, float* const* out, __m512 scale) {
   __m512 even[G], odd[G];
 #pragma GCC unroll 8
   for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm512_setzero_ps();
@@ -259,7 +337,11 @@ KV_TARGET_AVX512 inline void score_groups16(const float* q, const C* const* keys
     }
   }
 #pragma GCC unroll 8
-  for (int g = 0; g < G; ++g) _mm512_storeu_ps(out[g], _mm512_mul_ps(_mm512_add_ps(even[g], odd[g]), scale));
+  for (int g = 0; g < G; ++g) {
+    __m512 sum = _mm512_add_ps(even[g], odd[g]);
+    if constexpr (kQuantized<C>) sum = _mm512_mul_ps(sum, _mm512_loadu_ps(key_scales[g]));
+    _mm512_storeu_ps(out[g], _mm512_mul_ps(sum, scale));
+  }
 }
 
 template <typename T>
@@ -282,34 +364,37 @@ KV_TARGET_AVX512 void attend_one(const T* q_in, const KV* cache, const int32_t* 
   float* sc = scores.data();
   const __m512 scale = _mm512_set1_ps(s.scale);
   const KV* group_keys[kGroups];
+  const float* group_scales[kGroups] = {};
   float* group_out[kGroups];
   int pending = 0;
   for (int64_t j0 = 0, b = 0; j0 < n; j0 += bs, ++b) {
     const KV* keys = hb.keys(b);  // [hd][bs]
     hb.ask_keys_values(b + kAhead);
     for (int64_t c = 0; c < bs; c += 16) {
+      if constexpr (kQuantized<KV>) group_scales[pending] = hb.key_scales(b) + c;
       group_keys[pending] = keys + c;
       group_out[pending] = sc + j0 + c;
       if (++pending == kGroups) {
-        score_groups16<kGroups, hd>(q, group_keys, bs, group_out, scale);
+        score_groups16<kGroups, hd>(q, group_keys, group_scales, bs, group_out, scale);
         pending = 0;
       }
     }
   }
   switch (pending) {
     case 1:
-      score_groups16<1, hd>(q, group_keys, bs, group_out, scale);
+      score_groups16<1, hd>(q, group_keys, group_scales, bs, group_out, scale);
       break;
     case 2:
-      score_groups16<2, hd>(q, group_keys, bs, group_out, scale);
+      score_groups16<2, hd>(q, group_keys, group_scales, bs, group_out, scale);
       break;
     case 3:
-      score_groups16<3, hd>(q, group_keys, bs, group_out, scale);
+      score_groups16<3, hd>(q, group_keys, group_scales, bs, group_out, scale);
       break;
     default:
       break;
   }
   const __m512 total = _mm512_broadcast_f32x8(softmax_in_place(sc, n, padded));
+  float wscratch[kMaxBlock];
   __m512 even[nw], odd[nw];
 #pragma GCC unroll 16
   for (int c = 0; c < nw; ++c) even[c] = odd[c] = _mm512_setzero_ps();
@@ -317,9 +402,10 @@ KV_TARGET_AVX512 void attend_one(const T* q_in, const KV* cache, const int32_t* 
     const KV* values = hb.values(b);  // [bs][hd]
     hb.ask_values(b + kAhead);
     const int64_t len = std::min(bs, n - j0);
+    const float* p = weights_of(sc + j0, len, hb, b, wscratch);
     int64_t o = 0;
     for (; o + 1 < len; o += 2) {
-      const __m512 pe = _mm512_set1_ps(sc[j0 + o]), po = _mm512_set1_ps(sc[j0 + o + 1]);
+      const __m512 pe = _mm512_set1_ps(p[o]), po = _mm512_set1_ps(p[o + 1]);
 #pragma GCC unroll 16
       for (int c = 0; c < nw; ++c) {
         even[c] = _mm512_fmadd_ps(pe, load16(values + o * hd + 16 * c), even[c]);
@@ -327,7 +413,7 @@ KV_TARGET_AVX512 void attend_one(const T* q_in, const KV* cache, const int32_t* 
       }
     }
     if (o < len) {
-      const __m512 pe = _mm512_set1_ps(sc[j0 + o]);
+      const __m512 pe = _mm512_set1_ps(p[o]);
 #pragma GCC unroll 16
       for (int c = 0; c < nw; ++c) even[c] = _mm512_fmadd_ps(pe, load16(values + o * hd + 16 * c), even[c]);
     }
@@ -416,6 +502,12 @@ int kv_paged_attention(int dtype, int cache_dtype, const void* qkv, int64_t toke
     kv::paged_attention(static_cast<const float*>(qkv), static_cast<bf16*>(cache), s, static_cast<float*>(out));
   else if (dtype == KV_DTYPE_BF16 && cache_dtype == KV_DTYPE_BF16)
     kv::paged_attention(static_cast<const bf16*>(qkv), static_cast<bf16*>(cache), s, static_cast<bf16*>(out));
+  else if (cache_dtype == KV_DTYPE_I8 && block_size > kv::kMaxBlock)
+    return -1;
+  else if (dtype == KV_DTYPE_F32 && cache_dtype == KV_DTYPE_I8)
+    kv::paged_attention(static_cast<const float*>(qkv), static_cast<int8_t*>(cache), s, static_cast<float*>(out));
+  else if (dtype == KV_DTYPE_BF16 && cache_dtype == KV_DTYPE_I8)
+    kv::paged_attention(static_cast<const bf16*>(qkv), static_cast<int8_t*>(cache), s, static_cast<bf16*>(out));
   else
     return -1;
   return 0;

@@ -53,6 +53,11 @@ inline __m256 load8(const bf16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(widened, 16));
 }
 
+// int8 (a KV cache's quantized keys and values), widened exactly.
+inline __m256 load8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
 inline void store8(bf16* p, __m256 v) {
   alignas(32) float lanes[8];
@@ -171,6 +176,9 @@ KV_TARGET_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p
 KV_TARGET_AVX512 inline __m512 load16(const bf16* p) {
   const __m512i widened = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(widened, 16));
+}
+KV_TARGET_AVX512 inline __m512 load16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 }  // namespace avx512
 
