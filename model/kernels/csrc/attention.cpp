@@ -87,23 +87,31 @@ inline const float* scales_of(const int8_t* region, int64_t hd, int64_t bs) {
 }
 inline float* scales_of(int8_t* region, int64_t hd, int64_t bs) { return reinterpret_cast<float*>(region + hd * bs); }
 
-// n values (one token's head) into q[i * stride] with their scale: s = max |x| / 127, q = round(x / s).
-// A head with a NaN or inf gets a NaN scale (every score or value it enters is NaN, as in a float cache);
-// an all-zero head, scale 0 and zeros.
+// n values (one token's head; n a multiple of 8) into q[i * stride] with their scale: s = max |x| / 127,
+// q = round(x / s), 8 lanes at a time (each lane's division and rounding are the scalar ones). A head with a
+// NaN or inf gets a NaN scale (every score or value it enters is NaN, as in a float cache); an all-zero head,
+// scale 0 and zeros.
 template <typename T>
 inline void quantize_head(const T* x, int64_t n, int8_t* q, int64_t stride, float* scale) {
-  float amax = 0.0f;
-  bool finite = true;
-  for (int64_t i = 0; i < n; ++i) {
-    const float f = to_f32(x[i]);
-    finite &= std::isfinite(f);
-    amax = std::max(amax, std::fabs(f));
+  const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
+  __m256 amax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 a = _mm256_andnot_ps(sign, load8(x + i));
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));  // NaN or inf
+    amax = _mm256_max_ps(amax, a);
   }
-  const float s = finite ? amax / 127.0f : NAN;
+  const bool finite = _mm256_movemask_ps(bad) == 0;
+  const float s = finite ? hmax8(amax) / 127.0f : NAN;
   *scale = s;
-  for (int64_t i = 0; i < n; ++i) {
-    const float r = finite && s > 0.0f ? std::nearbyint(to_f32(x[i]) / s) : 0.0f;
-    q[i * stride] = int8_t(std::min(127.0f, std::max(-127.0f, r)));
+  const __m256 sv = _mm256_set1_ps(s), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  alignas(32) int32_t lanes[8];
+  for (int64_t i = 0; i < n; i += 8) {
+    __m256 r = _mm256_setzero_ps();
+    if (finite && s > 0.0f)
+      r = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_round_ps(_mm256_div_ps(load8(x + i), sv),
+                                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_cvtps_epi32(r));
+    for (int l = 0; l < 8; ++l) q[(i + l) * stride] = int8_t(lanes[l]);
   }
 }
 
@@ -422,6 +430,129 @@ KV_TARGET_AVX512 void attend_one(const T* q_in, const KV* cache, const int32_t* 
   for (int c = 0; c < nw; ++c) store16(out + 16 * c, _mm512_div_ps(_mm512_add_ps(even[c], odd[c]), total));
 }
 
+// G query heads of one token that read the same key/value head (a grouped-query model's group, or up to 4 of its
+// heads), together: each block's keys and values are loaded and widened once for all G (an int8 cache's
+// widening is most of a key's cost), and each head's lanes run attend_one's sequences: the same bits. KG
+// groups of 16 keys are scored at once (2 G KG independent chains).
+template <int KG, int G, int HD, typename C>
+KV_TARGET_AVX512 inline void score_heads16(const float (*q)[HD], const C* const* keys, const float* const* key_scales,
+                                           int64_t bs, float* sc, int64_t padded, const int64_t* at, __m512 scale) {
+  __m512 even[G][KG], odd[G][KG];
+#pragma GCC unroll 4
+  for (int h = 0; h < G; ++h)
+#pragma GCC unroll 4
+    for (int g = 0; g < KG; ++g) even[h][g] = odd[h][g] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int64_t d = 0; d < HD; d += 2) {
+    __m512 ke[KG], ko[KG];
+#pragma GCC unroll 4
+    for (int g = 0; g < KG; ++g) {
+      ke[g] = load16(keys[g] + d * bs);
+      ko[g] = load16(keys[g] + (d + 1) * bs);
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < G; ++h) {
+      const __m512 qe = _mm512_set1_ps(q[h][d]), qo = _mm512_set1_ps(q[h][d + 1]);
+#pragma GCC unroll 4
+      for (int g = 0; g < KG; ++g) {
+        even[h][g] = _mm512_fmadd_ps(qe, ke[g], even[h][g]);
+        odd[h][g] = _mm512_fmadd_ps(qo, ko[g], odd[h][g]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int h = 0; h < G; ++h)
+#pragma GCC unroll 4
+    for (int g = 0; g < KG; ++g) {
+      __m512 sum = _mm512_add_ps(even[h][g], odd[h][g]);
+      if constexpr (kQuantized<C>) sum = _mm512_mul_ps(sum, _mm512_loadu_ps(key_scales[g]));
+      _mm512_storeu_ps(sc + h * padded + at[g], _mm512_mul_ps(sum, scale));
+    }
+}
+
+// Output vectors per pass of the value sums: G W even and odd sums stay within 24 registers.
+constexpr int value_width(int G, int nw) {
+  int w = nw;
+  while (2 * G * w > 24) w /= 2;
+  return w;
+}
+
+template <int NV, int G, typename T, typename KV>
+KV_TARGET_AVX512 void attend_heads(const T* q_in, const KV* cache, const int32_t* blocks, int64_t n, int64_t head,
+                                   const Step& s, std::vector<float>& scores, T* out) {
+  constexpr int64_t hd = 8 * NV;
+  constexpr int nw = NV / 2, KG = 2, W = value_width(G, nw);
+  const int64_t bs = s.block_size;
+  const HeadBlocks<KV> hb = head_blocks(cache, blocks, n, head, s);
+  alignas(64) float q[G][hd];
+  for (int h = 0; h < G; ++h)
+    for (int64_t d = 0; d < hd; ++d) q[h][d] = to_f32(q_in[h * hd + d]);
+  const int64_t padded = (n + bs - 1) / bs * bs;
+  if (int64_t(scores.size()) < G * padded) scores.resize(size_t(G * padded));
+  float* sc = scores.data();  // head h's scores at sc + h * padded
+  const __m512 scale = _mm512_set1_ps(s.scale);
+  const KV* group_keys[KG];
+  const float* group_scales[KG] = {};
+  int64_t group_at[KG];
+  int pending = 0;
+  for (int64_t j0 = 0, b = 0; j0 < n; j0 += bs, ++b) {
+    const KV* keys = hb.keys(b);  // [hd][bs]
+    hb.ask_keys_values(b + kAhead);
+    for (int64_t c = 0; c < bs; c += 16) {
+      if constexpr (kQuantized<KV>) group_scales[pending] = hb.key_scales(b) + c;
+      group_keys[pending] = keys + c;
+      group_at[pending] = j0 + c;
+      if (++pending == KG) {
+        score_heads16<KG, G, hd>(q, group_keys, group_scales, bs, sc, padded, group_at, scale);
+        pending = 0;
+      }
+    }
+  }
+  if (pending == 1) score_heads16<1, G, hd>(q, group_keys, group_scales, bs, sc, padded, group_at, scale);
+  __m512 total[G];
+  for (int h = 0; h < G; ++h) total[h] = _mm512_broadcast_f32x8(softmax_in_place(sc + h * padded, n, padded));
+  float weights[G][kMaxBlock];
+  for (int c0 = 0; c0 < nw; c0 += W) {
+    __m512 even[G][W], odd[G][W];
+#pragma GCC unroll 4
+    for (int h = 0; h < G; ++h)
+#pragma GCC unroll 8
+      for (int w = 0; w < W; ++w) even[h][w] = odd[h][w] = _mm512_setzero_ps();
+    for (int64_t j0 = 0, b = 0; j0 < n; j0 += bs, ++b) {
+      const KV* values = hb.values(b) + 16 * c0;  // [bs][hd], from output vector c0
+      hb.ask_values(b + kAhead);
+      const int64_t len = std::min(bs, n - j0);
+      const float* p[G];
+      for (int h = 0; h < G; ++h) p[h] = weights_of(sc + h * padded + j0, len, hb, b, weights[h]);
+      int64_t o = 0;
+      for (; o + 1 < len; o += 2) {
+#pragma GCC unroll 8
+        for (int w = 0; w < W; ++w) {
+          const __m512 ve = load16(values + o * hd + 16 * w), vo = load16(values + (o + 1) * hd + 16 * w);
+#pragma GCC unroll 4
+          for (int h = 0; h < G; ++h) {
+            even[h][w] = _mm512_fmadd_ps(_mm512_set1_ps(p[h][o]), ve, even[h][w]);
+            odd[h][w] = _mm512_fmadd_ps(_mm512_set1_ps(p[h][o + 1]), vo, odd[h][w]);
+          }
+        }
+      }
+      if (o < len) {
+#pragma GCC unroll 8
+        for (int w = 0; w < W; ++w) {
+          const __m512 ve = load16(values + o * hd + 16 * w);
+#pragma GCC unroll 4
+          for (int h = 0; h < G; ++h) even[h][w] = _mm512_fmadd_ps(_mm512_set1_ps(p[h][o]), ve, even[h][w]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < G; ++h)
+#pragma GCC unroll 8
+      for (int w = 0; w < W; ++w)
+        store16(out + h * hd + 16 * (c0 + w), _mm512_div_ps(_mm512_add_ps(even[h][w], odd[h][w]), total[h]));
+  }
+}
+
 }  // namespace avx512
 
 template <typename T, typename KV>
@@ -458,6 +589,19 @@ AttendFn<T, KV> attend_for(int64_t head_dim, int64_t block_size) {
   }
 }
 
+// attend_heads for G = 2, 3 or 4 heads where the AVX-512 path runs (as attend_for picks it), else null.
+template <typename T, typename KV>
+AttendFn<T, KV> attend_heads_for(int64_t head_dim, int64_t block_size, int64_t G) {
+  if (block_size % 16 != 0 || kernel_path(KV_WEIGHT_F32) != KV_PATH_AVX512 || G < 2 || G > 4) return nullptr;
+  constexpr AttendFn<T, KV> by_dim[3][3] = {
+      {avx512::attend_heads<4, 2, T, KV>, avx512::attend_heads<4, 3, T, KV>, avx512::attend_heads<4, 4, T, KV>},
+      {avx512::attend_heads<8, 2, T, KV>, avx512::attend_heads<8, 3, T, KV>, avx512::attend_heads<8, 4, T, KV>},
+      {avx512::attend_heads<16, 2, T, KV>, avx512::attend_heads<16, 3, T, KV>, avx512::attend_heads<16, 4, T, KV>},
+  };
+  const int dim = head_dim == 32 ? 0 : head_dim == 64 ? 1 : head_dim == 128 ? 2 : -1;
+  return dim < 0 ? nullptr : by_dim[dim][G - 2];
+}
+
 template <typename T, typename KV>
 void paged_attention(const T* qkv, KV* cache, const Step& s, T* out) {
   write_cache(qkv, cache, s);
@@ -466,6 +610,8 @@ void paged_attention(const T* qkv, KV* cache, const Step& s, T* out) {
   for (int64_t q = 0; q < s.seqs; ++q)
     for (int32_t i = s.query_start[q]; i < s.query_start[q + 1]; ++i) seq_of[size_t(i)] = int32_t(q);
   const AttendFn<T, KV> attend = attend_for<T, KV>(s.head_dim, s.block_size);
+  AttendFn<T, KV> heads_fn[5] = {};  // by G: the grouped path for G heads of one key/value head
+  for (int64_t G = 2; G <= 4; ++G) heads_fn[G] = attend_heads_for<T, KV>(s.head_dim, s.block_size, G);
   // A task is a token and a span of its heads: all of them (the heads of a block sit side by side)
   // when there are tokens enough to keep every thread busy, one each otherwise.
   const int64_t span = s.tokens >= 2 * ThreadPool::instance().num_threads() ? s.heads : 1;
@@ -476,9 +622,15 @@ void paged_attention(const T* qkv, KV* cache, const Step& s, T* out) {
     const int64_t q = seq_of[size_t(i)];
     const int64_t position = s.seq_lens[q] - (s.query_start[q + 1] - i);
     const int32_t* blocks = s.block_tables + int64_t(s.seq_rows[q]) * s.block_table_stride;
-    for (int64_t head = first; head < first + span; ++head)
-      attend(qkv + i * width + head * s.head_dim, cache, blocks, position + 1, head / group, s, scores,
-             out + i * C + head * s.head_dim);
+    for (int64_t head = first; head < first + span;) {
+      // a span of whole groups: their heads together, in runs of up to 4 (5 as 3 + 2), else one at a time
+      const int64_t left = std::min(group - head % group, first + span - head);
+      const int64_t G = left == 5 ? 3 : std::min<int64_t>(left, 4);
+      const AttendFn<T, KV> fn = span == s.heads ? heads_fn[G] : nullptr;
+      (fn ? fn : attend)(qkv + i * width + head * s.head_dim, cache, blocks, position + 1, head / group, s, scores,
+                         out + i * C + head * s.head_dim);
+      head += fn ? G : 1;
+    }
   });
 }
 
