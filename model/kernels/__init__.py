@@ -43,7 +43,13 @@ from model.kernels.exact import (
     rope,
 )
 from model.kernels.int8 import QUANTIZATIONS, Int8Backend, int8_unavailable_reason
-from model.kernels.interface import EPILOGUE_GELU, EPILOGUE_NONE, EPILOGUE_RESIDUAL, EPILOGUE_SILU_MUL
+from model.kernels.interface import (
+    EPILOGUE_GELU,
+    EPILOGUE_NONE,
+    EPILOGUE_RESIDUAL,
+    EPILOGUE_SILU_MUL,
+    INT8_CACHE_MAX_BLOCK,
+)
 from model.kernels.library import (
     ISA_CHOICES,
     configured_spin_us,
@@ -100,6 +106,7 @@ __all__ = [
     "EPILOGUE_RESIDUAL",
     "EPILOGUE_SILU_MUL",
     "GROUP",
+    "INT8_CACHE_MAX_BLOCK",
     "ISA_CHOICES",
     "KERNEL_CHOICES",
     "QUANTIZATIONS",

@@ -52,6 +52,11 @@ class EngineCore:
         cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, model.dtype)
         if cache_dtype == torch.int8 and model.kernels != "exact":
             raise ValueError("an int8 KV cache (--kv-cache-dtype int8) needs the exact kernels, which run on the CPU")
+        if cache_dtype == torch.int8 and config.block_size > kernels.INT8_CACHE_MAX_BLOCK:
+            raise ValueError(
+                f"an int8 KV cache takes blocks of at most {kernels.INT8_CACHE_MAX_BLOCK} tokens, got --block-size "
+                f"{config.block_size}"
+            )
         # the model as served: its context capped by --max-model-len or the default KV cache (context_length.py)
         self.model_config: ModelDescription = served_config(
             model.config,

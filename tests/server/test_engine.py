@@ -149,6 +149,12 @@ def test_an_int8_kv_cache_on_torchs_kernels_is_refused_naming_the_flag(tiny_conf
         Engine(random_model(tiny_config), tiny_tokenizer, kernels="stock", kv_cache_dtype="int8")
 
 
+@pytest.mark.skipif(not EXACT, reason="an int8 KV cache is read by the exact kernels only")
+def test_an_int8_kv_cache_refuses_blocks_longer_than_its_kernels_take(tiny_model, tiny_tokenizer):
+    with pytest.raises(ValueError, match="--block-size 512"):
+        Engine(tiny_model, tiny_tokenizer, kv_cache_dtype="int8", block_size=512)
+
+
 def test_a_small_token_budget_reads_prompts_in_chunks_with_the_same_tokens(engine, tiny_model, tiny_tokenizer):
     chunked = Engine(tiny_model, tiny_tokenizer, max_num_seqs=4, max_num_batched_tokens=5, threads=1).start()
     try:

@@ -38,6 +38,9 @@ enum {
   KV_DTYPE_I8 = 3,        // a KV cache only: int8 keys and values, a float32 scale per (token, head) (attention.cpp)
 };
 
+// The longest block an int8 KV cache takes (kv_paged_attention returns -1 past it).
+enum { KV_INT8_CACHE_MAX_BLOCK = 256 };
+
 // How a product's weight is stored (model/kernels/exact.py and int8.py pack them).
 enum {
   KV_WEIGHT_F32 = 0,         // float32, (groups, 4, K, 16): strips of 16 columns, k-major

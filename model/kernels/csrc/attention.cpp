@@ -232,7 +232,7 @@ inline __m256 softmax_in_place(float* sc, int64_t n, int64_t padded) {
 
 // The weights block b's values are summed with: the softmax's p[j] themselves, or in an int8 cache p[j] times
 // each value's scale (into scratch, one float product each).
-constexpr int64_t kMaxBlock = 256;  // the largest block_size an int8 cache takes (kv_paged_attention)
+constexpr int64_t kMaxBlock = KV_INT8_CACHE_MAX_BLOCK;  // the largest block_size an int8 cache takes
 template <typename KV>
 inline const float* weights_of(const float* p, int64_t len, const HeadBlocks<KV>& hb, int64_t b, float* scratch) {
   if constexpr (kQuantized<KV>) {
